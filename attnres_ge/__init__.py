@@ -1,0 +1,15 @@
+"""attnres-ge: Block Attention Residuals ops for PyTorch eager and torchair/GE graph mode.
+
+    import attnres_ge
+    hidden = attnres_ge.block_attention_residuals(partial_block, block_res, proj_weight, norm_weight)
+
+Importing registers torch.ops.attnres.block_attention_residuals and
+torch.ops.attnres.block_attention_residuals_backward.
+"""
+
+from .ge_plugin import BlockAttnRes, block_attention_residuals
+from .op_kernel.reference import block_attention_residuals_reference
+
+__version__ = "0.1.0"
+
+__all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference"]

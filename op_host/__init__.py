@@ -1,0 +1,27 @@
+"""Host side of the Block AttnRes ops: platform, TilingParse, Tiling and the launch runtime."""
+
+from .platform import ASCEND910B2, PlatformInfo, PlatformProfile, host_profile, profile_by_name
+from .tiling_base import (
+    CHUNK_TOKENS,
+    LANES,
+    PlatformFallbackWarning,
+    PlatformNotReadyError,
+    TilingError,
+    TilingResult,
+    reset_fallback_warnings,
+)
+
+__all__ = [
+    "ASCEND910B2",
+    "CHUNK_TOKENS",
+    "LANES",
+    "PlatformFallbackWarning",
+    "PlatformInfo",
+    "PlatformNotReadyError",
+    "PlatformProfile",
+    "TilingError",
+    "TilingResult",
+    "host_profile",
+    "profile_by_name",
+    "reset_fallback_warnings",
+]

@@ -1,0 +1,98 @@
+"""TilingParse and Tiling of BlockAttentionResiduals (the forward).
+
+Tokens are dealt to cores in contiguous ranges (former cores take one more).
+Each core walks its range `tokens_per_loop` tokens at a time; when even one
+token's N+1 rows do not fit in the buffer, the hidden dimension is cut into
+tiles of `h_tile` columns (a whole number of LANES) and walked twice: once for
+the norms and scores, once for the weighted sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .platform import PlatformInfo
+from .tiling_base import (
+    DTYPE_BYTES,
+    CompileInfo,
+    TilingRecord,
+    TilingResult,
+    plan_hidden,
+    resolve_platform,
+    split_evenly,
+    strict_from_env,
+    tiling_key,
+    tiling_parse,
+)
+
+OP_TYPE = "BlockAttentionResiduals"
+FLOAT32_BYTES = 4
+TOKEN_SCALARS = 3  # inv_norm, score, prob per row
+
+
+@dataclass(frozen=True)
+class ForwardTilingData(TilingRecord):
+    tokens: int
+    blocks: int
+    rows: int
+    hidden: int
+    used_core_num: int
+    former_core_num: int
+    former_core_tokens: int
+    tail_core_tokens: int
+    tokens_per_loop: int
+    h_tile: int
+    h_tile_num: int
+    h_last_tile: int
+    need_backward: int
+    norm_eps: float
+
+
+def parse(platform: PlatformInfo | None) -> CompileInfo:
+    return tiling_parse(OP_TYPE, platform)
+
+
+def tiling(
+    compile_info: CompileInfo,
+    tokens: int,
+    blocks: int,
+    hidden: int,
+    dtype: torch.dtype,
+    norm_eps: float,
+    need_backward: bool,
+    platform: PlatformInfo,
+    strict: bool | None = None,
+) -> TilingResult:
+    resolved = resolve_platform(OP_TYPE, platform, strict_from_env() if strict is None else strict)
+    rows = blocks + 1
+    used, former_num, former_tokens, tail_tokens = split_evenly(tokens, resolved.core_num)
+    in_bytes = DTYPE_BYTES[dtype]
+    cast_bytes = 0 if in_bytes == FLOAT32_BYTES else FLOAT32_BYTES
+    plan = plan_hidden(
+        OP_TYPE,
+        resolved.ub_size,
+        hidden,
+        column_bytes=rows * (in_bytes + cast_bytes) + FLOAT32_BYTES + in_bytes,  # rows, f32 sum, output
+        shared_column_bytes=FLOAT32_BYTES,  # score weight norm_weight * proj_weight
+        token_bytes=rows * TOKEN_SCALARS * FLOAT32_BYTES,
+        max_tokens=former_tokens if former_num else tail_tokens,
+    )
+    data = ForwardTilingData(
+        tokens=tokens,
+        blocks=blocks,
+        rows=rows,
+        hidden=hidden,
+        used_core_num=used,
+        former_core_num=former_num,
+        former_core_tokens=former_tokens,
+        tail_core_tokens=tail_tokens,
+        tokens_per_loop=plan.tokens_per_loop,
+        h_tile=plan.h_tile,
+        h_tile_num=plan.h_tile_num,
+        h_last_tile=plan.h_last_tile,
+        need_backward=int(need_backward),
+        norm_eps=norm_eps,
+    )
+    return TilingResult(tiling_key(plan.mode, dtype), used, data, workspace_size=0)

@@ -1,0 +1,191 @@
+"""What GE knows about an operator before any kernel runs: its prototype.
+
+A prototype names the inputs, outputs and attributes of one GE op type, in order,
+with the dtypes each tensor may take and each attribute's type and default. It
+also carries the op's InferDataType and InferShape, which double as the input
+validation that every entry point shares (eager call, fake tensor, graph build):
+each failure names the op, where it was caught, the tensor, what was expected
+and what came.
+
+Shapes here are tuples whose entries are ints, torch SymInts (under
+torch.compile) or -1 for a dimension GE does not know until run time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+UNKNOWN_DIM = -1
+
+# Where a check ran, as printed in error messages.
+WHERE_EAGER = "eager call"
+WHERE_FAKE = "fake tensor, torch.compile tracing"
+WHERE_GRAPH = "graph build, InferShape"
+WHERE_PROTOTYPE = "graph build, prototype check"
+
+ATTR_KINDS = {"Int": int, "Float": float, "Bool": bool, "Str": str}
+
+
+class AttnResInputError(ValueError):
+    """Bad input to a Block AttnRes op, caught before any kernel runs."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """One input or output of a prototype."""
+
+    name: str
+    dtypes: tuple[torch.dtype, ...]
+    layout: str  # the shape in SPEC.md's letters, e.g. "[T, N, H]"
+    presence: str = "required"  # "required" | "optional" | "dynamic"
+
+
+@dataclass(frozen=True)
+class AttrArg:
+    """One attribute of a prototype; `default` None means the attribute is required."""
+
+    name: str
+    kind: str  # a key of ATTR_KINDS
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What InferShape sees of a tensor: shape, dtype and (when known) device."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device | None = None
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorMeta:
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.device)
+
+
+def is_unknown(dim) -> bool:
+    return isinstance(dim, int) and dim < 0
+
+
+def rows_of(blocks):
+    """N+1 value rows for N blocks; unknown stays unknown."""
+    return UNKNOWN_DIM if is_unknown(blocks) else blocks + 1
+
+
+def format_shape(shape: Sequence) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class Checker:
+    """Raises AttnResInputError with the op, the stage and the offending tensor named."""
+
+    def __init__(self, op_type: str, where: str):
+        self.op_type = op_type
+        self.where = where
+
+    def fail(self, message: str) -> NoReturn:
+        raise AttnResInputError(f"{self.op_type} ({self.where}): {message}")
+
+    def dtype_in(self, name: str, meta: TensorMeta, allowed: Sequence[torch.dtype]) -> None:
+        if meta.dtype not in allowed:
+            names = ", ".join(str(d) for d in allowed)
+            self.fail(f"{name} must have dtype in ({names}), got {meta.dtype}")
+
+    def same_dtype(self, name: str, meta: TensorMeta, ref_name: str, ref: TensorMeta) -> None:
+        if meta.dtype != ref.dtype:
+            self.fail(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {meta.dtype}")
+
+    def shape(self, name: str, meta: TensorMeta, layout: Sequence[str], expected: Sequence) -> tuple:
+        """Check rank and every known expected dim (None = any); return the shape."""
+        shape = meta.shape
+        spelled = "[" + ", ".join(layout) + "]"
+        wanted = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        if len(shape) != len(layout):
+            self.fail(f"{name} must be {len(layout)}-D {spelled} = {wanted}, got shape {format_shape(shape)}")
+        for dim, want in zip(shape, expected, strict=True):
+            if want is None or is_unknown(dim) or is_unknown(want):
+                continue
+            if dim != want:
+                self.fail(f"{name} must have shape {spelled} = {wanted}, got {format_shape(shape)}")
+        return tuple(shape)
+
+    def dim_in_range(self, what: str, value, low: int, high: int | None) -> None:
+        if is_unknown(value):
+            return
+        if value < low or (high is not None and value > high):
+            bound = f"{low} <= {what}" + (f" <= {high}" if high is not None else "")
+            self.fail(f"{bound} is required, got {what} = {value}")
+
+    def same_device(self, inputs: Mapping[str, TensorMeta]) -> None:
+        devices = {name: meta.device for name, meta in inputs.items() if meta.device is not None}
+        if len(set(devices.values())) > 1:
+            listed = ", ".join(f"{name} on {device}" for name, device in devices.items())
+            self.fail(f"all tensors must be on one device, got {listed}")
+
+    def finite_positive(self, name: str, value: float) -> None:
+        if not (math.isfinite(value) and value > 0):
+            self.fail(f"attribute {name} must be finite and > 0, got {value}")
+
+
+InferFn = Callable[[Mapping[str, TensorMeta], Mapping[str, Any], str], dict]
+
+
+@dataclass(frozen=True)
+class OpPrototype:
+    """A GE op type: ordered inputs, outputs and attributes, and its inference functions.
+
+    `infer_data_type(inputs, attrs, where)` returns {output name: dtype};
+    `infer_shape(inputs, attrs, where)` returns {output name: shape}. Both
+    raise AttnResInputError for anything SPEC.md rejects.
+    """
+
+    op_type: str
+    summary: str
+    inputs: tuple[TensorArg, ...]
+    outputs: tuple[TensorArg, ...]
+    attrs: tuple[AttrArg, ...]
+    infer_data_type: InferFn
+    infer_shape: InferFn
+
+    def input_names(self) -> list[str]:
+        return [arg.name for arg in self.inputs]
+
+    def output_names(self) -> list[str]:
+        return [arg.name for arg in self.outputs]
+
+    def bind_attrs(self, given: Mapping[str, Any], where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
+        """Attributes by name with defaults filled in; unknown or mistyped ones are rejected."""
+        checker = Checker(self.op_type, where)
+        known = {attr.name: attr for attr in self.attrs}
+        for name in given:
+            if name not in known:
+                checker.fail(f"unknown attribute {name!r}; the prototype has {sorted(known)}")
+        bound = {}
+        for attr in self.attrs:
+            if attr.name not in given:
+                if attr.default is None:
+                    checker.fail(f"required attribute {attr.name!r} ({attr.kind}) is missing")
+                bound[attr.name] = attr.default
+                continue
+            value = given[attr.name]
+            python_type = ATTR_KINDS[attr.kind]
+            # bool is an int in Python; an Int or Float attribute must not silently take one.
+            accepted = isinstance(value, python_type) and (attr.kind == "Bool" or not isinstance(value, bool))
+            if attr.kind == "Float" and isinstance(value, int) and not isinstance(value, bool):
+                accepted, value = True, float(value)
+            if not accepted:
+                checker.fail(f"attribute {attr.name!r} must be {attr.kind}, got {type(value).__name__} {value!r}")
+            bound[attr.name] = value
+        return bound
+
+    def infer(self, inputs: Mapping[str, TensorMeta], attrs: Mapping[str, Any], where: str) -> list[TensorMeta]:
+        """InferDataType then InferShape; outputs in prototype order."""
+        bound = self.bind_attrs(attrs, where)
+        dtypes = self.infer_data_type(inputs, bound, where)
+        shapes = self.infer_shape(inputs, bound, where)
+        return [TensorMeta(tuple(shapes[name]), dtypes[name]) for name in self.output_names()]
