@@ -163,12 +163,13 @@ def resolve_platform(op_type: str, platform: PlatformInfo, strict: bool) -> Reso
 def split_evenly(items: int, cores: int) -> tuple[int, int, int, int]:
     """Deal `items` over at most `cores` cores: (used, former_num, former_items, tail_items).
 
-    The first `former_num` cores take `former_items`, the rest `tail_items` = former - 1
-    (or all take `tail_items` when it divides). At least one core is used, even for 0 items.
+    The first `former_num` cores take `former_items` = tail_items + 1, the rest `tail_items`;
+    when the cores divide the items evenly, former_num is 0 and former_items equals tail_items.
+    At least one core is used, even for 0 items.
     """
     used = max(1, min(cores, items))
     tail_items, former_num = divmod(items, used)
-    return used, former_num, tail_items + 1, tail_items
+    return used, former_num, tail_items + (1 if former_num else 0), tail_items
 
 
 @dataclass(frozen=True)

@@ -23,3 +23,35 @@ def block_attention_residuals_reference(
     probs = torch.softmax(scores, dim=-1)
     hidden_states = (probs.unsqueeze(-1) * values).sum(dim=1)
     return hidden_states, inv_norm, probs
+
+
+# SPEC.md's tolerances against the float64 reference: dtype -> (rtol, atol).
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+def max_violation(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, *, whole_tensor: bool = False):
+    """(max |actual - expected|, how far past the tolerance it is: <= 0 means within).
+
+    Elementwise |a - e| <= atol + rtol * |e|; with `whole_tensor` (the weight
+    gradients, sums that cancel) the relative part is taken against max |e|.
+    NaN must sit where the reference has NaN; infinities must match exactly.
+    """
+    rtol, atol = TOLERANCES[dtype]
+    actual, expected = actual.double(), expected.double()
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape {list(actual.shape)} differs from the reference's {list(expected.shape)}")
+    if not torch.equal(torch.isnan(actual), torch.isnan(expected)):
+        return float("nan"), float("inf")
+    finite = torch.isfinite(expected)
+    if not torch.equal(actual[~finite].nan_to_num(), expected[~finite].nan_to_num()):
+        return float("inf"), float("inf")
+    actual, expected = actual[finite], expected[finite]
+    if actual.numel() == 0:
+        return 0.0, -1.0
+    error = (actual - expected).abs()
+    scale = expected.abs().max() if whole_tensor else expected.abs()
+    return error.max().item(), (error - (atol + rtol * scale)).max().item()

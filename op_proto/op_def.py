@@ -25,7 +25,7 @@ UNKNOWN_DIM = -1
 
 # Where a check ran, as printed in error messages.
 WHERE_EAGER = "eager call"
-WHERE_FAKE = "fake tensor, torch.compile tracing"
+WHERE_FAKE = "fake/meta kernel, e.g. torch.compile tracing"
 WHERE_GRAPH = "graph build, InferShape"
 WHERE_PROTOTYPE = "graph build, prototype check"
 

@@ -111,7 +111,8 @@ class TorchNpuGraphBase:
         if os.environ.get("STANDIN_DUMP_ON_LOAD") == "1":
             from torchair._ge_concrete_graph.ge_ir_pb2 import ModelDef
 
-            print(f"load({self.record['name']}):\n{_short_graph(ModelDef.FromString(bytes(serialized_model_def)).graph[0])}")
+            graph = ModelDef.FromString(bytes(serialized_model_def)).graph[0]
+            print(f"load({self.record['name']}):\n{_short_graph(graph)}")
 
     def set_hint_shape(self, input_shapes, output_shapes):
         self.record.update(hint_input_shapes=input_shapes, hint_output_shapes=output_shapes)
@@ -148,7 +149,8 @@ def install_standin():
     mod.get_registered_ir_def = get_registered_ir_def
     mod.InitializeGraphEngine = lambda options: None  # options: dict[str, str]
     mod.FinalizeGraphEngine = lambda: None  # called from an atexit hook
-    # Only reached on paths this prototype does not take; listed so that a miss fails loudly.
+    # Not reached by these scenarios (the five names above suffice); check_cann_compat is used by
+    # torchair's built-in converters that pass an IrDef, SetDebugLogPath under TORCH_COMPILE_DEBUG=1.
     mod.check_cann_compat = lambda op_type, opt_inputs, opt_attrs: ""  # "" = compatible
     mod.SetDebugLogPath = lambda path: None  # TORCH_COMPILE_DEBUG=1
     sys.modules["torchair.core._torchair"] = mod
@@ -206,6 +208,14 @@ def _run_graph(record, inputs):
             return [ins[0] * ins[1]]
         if op.type == "Cast":
             return [ins[0].to(_GE_TO_TORCH[a["dst_type"].i])]
+        if op.type == "Shape":  # used with dynamic shapes: Shape -> Gather -> Pack gives sizes
+            return [torch.tensor(ins[0].shape, dtype=_GE_TO_TORCH[a["dtype"].i] if "dtype" in a else torch.int64)]
+        if op.type == "Gather":
+            return [ins[0][ins[1].long()]]
+        if op.type == "Pack":
+            return [torch.stack(ins, dim=a["axis"].i if "axis" in a else 0)]
+        if op.type == "BroadcastTo":
+            return [ins[0].expand(ins[1].tolist()).clone()]
         if op.type in ("Identity", "TensorMove"):
             return [ins[0].clone()]
         if op.type == "ReduceSum":
@@ -264,7 +274,7 @@ def dump_loaded(title, since):
         print("hint shapes:     ", rec.get("hint_input_shapes"), "->", rec.get("hint_output_shapes"))
         print("options[ge.inputHintShape]:", rec["options"].get("ge.inputHintShape"))
         print("run inputs:      ", rec.get("last_run_inputs"))
-        print("model graphs:", len(model.graph), " main graph ops:", [f"{op.name}:{op.type}" for op in model.graph[0].op])
+        print("graphs in ModelDef:", len(model.graph), "; ops:", [f"{op.name}:{op.type}" for op in model.graph[0].op])
         print(_short_graph(model.graph[0]))
 
 
@@ -401,7 +411,8 @@ def main():
         x = torch.randn(n, 3, requires_grad=True)
         b = torch.randn(n, 3, requires_grad=True)
         step(x, b).backward()
-        print(f"n={n}: grad ok:", torch.allclose(x.grad, torch.full_like(x, 2.0)), torch.allclose(b.grad, torch.ones_like(b)))
+        grads_ok = torch.allclose(x.grad, torch.full_like(x, 2.0)) and torch.allclose(b.grad, torch.ones_like(b))
+        print(f"n={n}: grads ok:", grads_ok)
     dump_loaded("4. training step, dynamic=True", since)
 
     print("\nget_registered_ir_def queries:", IR_QUERIES)

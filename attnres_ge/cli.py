@@ -1,0 +1,92 @@
+"""The `attnres-ge` command: demo, tiling decisions, prototype export."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        tokens, blocks, hidden = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape takes T,N,H (three integers), got {text!r}") from None
+    return tokens, blocks, hidden
+
+
+def cmd_demo(args) -> int:
+    from .examples.eager_check import main
+
+    return main()
+
+
+def cmd_tiling(args) -> int:
+    from .op_host import block_attention_residuals_grad_tiling as grad_tiling
+    from .op_host import block_attention_residuals_tiling as forward_tiling
+    from .op_host.platform import PlatformInfo, profile_by_name
+
+    tokens, blocks, hidden = args.shape
+    profile = profile_by_name(args.soc)
+    platform = PlatformInfo(profile, filled=not args.cold, runtime=lambda: profile)
+    dtype = DTYPES[args.dtype]
+    if args.op == "forward":
+        info = forward_tiling.parse(platform)
+        result = forward_tiling.tiling(info, tokens, blocks, hidden, dtype, args.norm_eps, args.need_backward,
+                                       platform)
+    else:
+        info = grad_tiling.parse(platform)
+        result = grad_tiling.tiling(info, tokens, blocks, hidden, dtype, platform)
+    print(f"op             {info.op_type}")
+    print(f"platform       {profile.soc}: {profile.vector_core_num} vector cores, {profile.ub_size} bytes buffer each"
+          + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
+    print(f"shape          T={tokens} N={blocks} H={hidden} {args.dtype}")
+    print(result.describe())
+    return 0
+
+
+def cmd_export_proto(args) -> int:
+    from .op_proto.export import export_prototypes
+
+    for path in export_prototypes(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnres-ge", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="one layer forward+backward in eager mode, checked against float64")
+    demo.set_defaults(run=cmd_demo)
+
+    tiling = commands.add_parser("tiling", help="print the tiling decision for one shape")
+    tiling.add_argument("--op", choices=("forward", "backward"), required=True)
+    tiling.add_argument("--soc", default="host", help="Ascend910B2 or host (default)")
+    tiling.add_argument("--shape", type=_shape, required=True, metavar="T,N,H")
+    tiling.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tiling.add_argument("--need-backward", action="store_true", help="forward: also write inv_norm and probs")
+    tiling.add_argument("--norm-eps", type=float, default=1e-6)
+    tiling.add_argument("--cold", action="store_true", help="platform handle empty at TilingParse (cold start)")
+    tiling.set_defaults(run=cmd_tiling)
+
+    export = commands.add_parser("export-proto", help="write the REG_OP header and msopgen JSON")
+    export.add_argument("--out", required=True, metavar="DIR")
+    export.set_defaults(run=cmd_export_proto)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, RuntimeError) as error:
+        print(f"attnres-ge {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

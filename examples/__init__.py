@@ -1,0 +1,1 @@
+"""Runnable examples of attnres-ge, installed as attnres_ge.examples."""

@@ -1,0 +1,219 @@
+"""Tiling decisions per profile (golden), the binary record, and the cold-start contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
+from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+from attnres_ge.op_host.platform import ASCEND910B2, PlatformInfo, PlatformProfile
+from attnres_ge.op_host.tiling_base import (
+    LANES,
+    PlatformFallbackWarning,
+    PlatformNotReadyError,
+    TilingError,
+    reset_fallback_warnings,
+)
+
+# A faked Ascend-like platform, as ops-transformer's golden tests use: 48 cores, 196608 bytes of UB.
+FAKE_ASCEND = PlatformProfile("fake-ascend", 48, 196608)
+TINY = PlatformProfile("tiny", 3, 4096)
+
+
+def forward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, need_backward=True, strict=False):
+    platform = profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(
+        profile_or_platform)
+    info = forward_tiling.parse(platform)
+    return forward_tiling.tiling(info, tokens, blocks, hidden, dtype, 1e-6, need_backward, platform, strict=strict)
+
+
+def backward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, strict=False):
+    platform = profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(
+        profile_or_platform)
+    info = grad_tiling.parse(platform)
+    return grad_tiling.tiling(info, tokens, blocks, hidden, dtype, platform, strict=strict)
+
+
+# Golden decisions: (key, block_dim, workspace, tiling data as hex). A change here is a reviewed diff.
+GOLDEN = [
+    pytest.param(forward, FAKE_ASCEND, (4096, 8, 2048, torch.float32), id="fwd-ascend-T4096-N8-H2048-fp32"),
+    pytest.param(forward, FAKE_ASCEND, (4096, 8, 2048, torch.bfloat16), id="fwd-ascend-T4096-N8-H2048-bf16"),
+    pytest.param(forward, FAKE_ASCEND, (513, 37, 1000, torch.float16), id="fwd-ascend-T513-N37-H1000-fp16"),
+    pytest.param(backward, FAKE_ASCEND, (4096, 8, 2048, torch.float32), id="bwd-ascend-T4096-N8-H2048-fp32"),
+    pytest.param(backward, FAKE_ASCEND, (513, 37, 1000, torch.bfloat16), id="bwd-ascend-T513-N37-H1000-bf16"),
+    pytest.param(backward, FAKE_ASCEND, (0, 0, 1, torch.float32), id="bwd-ascend-T0-N0-H1-fp32"),
+    pytest.param(forward, TINY, (7, 2, 100, torch.float32), id="fwd-tiny-T7-N2-H100-fp32"),
+]
+EXPECTED = {
+    "fwd-ascend-T4096-N8-H2048-fp32": (10, 48, 0, dict(
+        used_core_num=48, former_core_num=16, former_core_tokens=86, tail_core_tokens=85, tokens_per_loop=2,
+        h_tile=2048, h_tile_num=1, h_last_tile=2048)),
+    "fwd-ascend-T4096-N8-H2048-bf16": (12, 48, 0, dict(
+        used_core_num=48, former_core_num=16, former_core_tokens=86, tail_core_tokens=85, tokens_per_loop=1,
+        h_tile=2048, h_tile_num=1, h_last_tile=2048)),
+    "fwd-ascend-T513-N37-H1000-fp16": (21, 48, 0, dict(
+        used_core_num=48, former_core_num=33, former_core_tokens=11, tail_core_tokens=10, tokens_per_loop=1,
+        h_tile=816, h_tile_num=2, h_last_tile=184)),
+    "bwd-ascend-T4096-N8-H2048-fp32": (20, 48, 64 * 2048 * 4, dict(
+        used_core_num=48, former_core_num=16, former_core_chunks=2, tail_core_chunks=1, chunk_num=64,
+        tokens_per_loop=1, h_tile=1568, h_tile_num=2, h_last_tile=480)),
+    "bwd-ascend-T513-N37-H1000-bf16": (22, 9, 9 * 1000 * 4, dict(
+        used_core_num=9, former_core_num=0, former_core_chunks=1, tail_core_chunks=1, chunk_num=9,
+        tokens_per_loop=1, h_tile=608, h_tile_num=2, h_last_tile=392)),
+    "bwd-ascend-T0-N0-H1-fp32": (10, 1, 0, dict(
+        used_core_num=1, former_core_num=0, former_core_chunks=0, tail_core_chunks=0, chunk_num=0,
+        tokens_per_loop=1, h_tile=1, h_tile_num=1, h_last_tile=1)),
+    "fwd-tiny-T7-N2-H100-fp32": (10, 3, 0, dict(
+        used_core_num=3, former_core_num=1, former_core_tokens=3, tail_core_tokens=2, tokens_per_loop=1,
+        h_tile=100, h_tile_num=1, h_last_tile=100)),
+}
+
+
+@pytest.mark.parametrize(("tile", "profile", "shape"), GOLDEN)
+def test_golden_tiling(request, tile, profile, shape):
+    key, block_dim, workspace, fields = EXPECTED[request.node.callspec.id]
+    result = tile(profile, *shape)
+    actual = {name: getattr(result.data, name) for name in fields}
+    assert (result.tiling_key, result.block_dim, result.workspace_size, actual) == (key, block_dim, workspace, fields)
+
+
+def test_tiling_record_binary_layout_is_stable():
+    result = forward(FAKE_ASCEND, 4096, 8, 2048)
+    data = result.data.to_bytes()
+    assert len(data) == 13 * 8 + 4  # thirteen int64 fields and the float32 epsilon
+    assert forward_tiling.ForwardTilingData.from_bytes(data) == dataclasses.replace(result.data, norm_eps=data_eps(data))
+    assert data[:8] == (4096).to_bytes(8, "little")
+    assert data.hex().endswith("bd378635")  # 1e-6 as float32, little-endian
+    grad = backward(FAKE_ASCEND, 4096, 8, 2048).data
+    assert grad_tiling.BackwardTilingData.from_bytes(grad.to_bytes()) == grad
+
+
+def data_eps(data: bytes) -> float:
+    import struct
+
+    return struct.unpack("<f", data[-4:])[0]
+
+
+@pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
+def test_split_variant_when_one_token_does_not_fit(tile):
+    result = tile(FAKE_ASCEND, 10, 16, 8192)
+    data = result.data
+    assert result.tiling_key // 10 == 2 and data.h_tile_num > 1
+    assert data.h_tile % LANES == 0 and (data.h_tile_num - 1) * data.h_tile + data.h_last_tile == 8192
+
+
+def test_buffer_too_small_for_one_lane_group_is_a_clear_error():
+    with pytest.raises(TilingError, match=r"BlockAttentionResiduals Tiling: a buffer of 512 bytes cannot hold 16"):
+        forward(PlatformProfile("crumb", 1, 512), 4, 100, 4096)
+
+
+def test_tiling_parse_needs_a_platform_handle():
+    with pytest.raises(TilingError, match="BlockAttentionResidualsGrad TilingParse: no platform handle"):
+        grad_tiling.parse(None)
+
+
+# --- the cold start ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_empty_at_parse_filled_at_tiling(tile, dtype):
+    """TilingParse on an empty handle succeeds; the runtime fills it before Tiling; no fallback."""
+    platform = PlatformInfo.empty(FAKE_ASCEND, runtime_answers=False)
+    parse = forward_tiling.parse if tile is forward else grad_tiling.parse
+    info = parse(platform)
+    assert platform.core_num() == 0
+    assert all(value != 0 for value in dataclasses.astuple(info)[1:])  # nothing read from the empty handle
+    platform.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = tile(platform, 4096, 8, 2048, dtype)
+    assert result.block_dim == 48
+
+
+def test_empty_handle_is_requeried_at_tiling():
+    platform = PlatformInfo.empty(FAKE_ASCEND, runtime_answers=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = backward(platform, 4096, 8, 2048)
+    assert result.block_dim == 48 and platform.filled
+
+
+@pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
+def test_empty_at_both_falls_back_to_one_core_with_one_warning(tile):
+    reset_fallback_warnings()
+    op = "BlockAttentionResiduals " if tile is forward else "BlockAttentionResidualsGrad "
+    with pytest.warns(PlatformFallbackWarning) as record:
+        first = tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256)
+        second = tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256)
+    assert len(record) == 1, "the fallback warning is given once per op"
+    message = str(record[0].message)
+    assert message.startswith(op + "Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; after a re-query "
+                              "coreNum=0, ubSize=0; falling back to coreNum=1")
+    assert first.block_dim == second.block_dim == 1
+
+
+@pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
+def test_strict_mode_raises_with_context(tile, monkeypatch):
+    with pytest.raises(PlatformNotReadyError, match=r"Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; "
+                                                    r"after a re-query coreNum=0, ubSize=0; strict mode"):
+        tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256, strict=True)
+    monkeypatch.setenv("ATTNRES_GE_STRICT_PLATFORM", "1")
+    platform = PlatformInfo.empty(ASCEND910B2, runtime_answers=False)
+    info = (forward_tiling.parse if tile is forward else grad_tiling.parse)(platform)
+    with pytest.raises(PlatformNotReadyError):
+        if tile is forward:
+            forward_tiling.tiling(info, 300, 4, 256, torch.float32, 1e-6, True, platform)
+        else:
+            grad_tiling.tiling(info, 300, 4, 256, torch.float32, platform)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 7, 48, 1000])
+@pytest.mark.parametrize("tokens", [0, 1, 5, 64, 65, 4097])
+def test_never_zero_cores_and_every_token_dealt(cores, tokens):
+    profile = PlatformProfile("p", cores, 196608)
+    fwd = forward(profile, tokens, 4, 64).data
+    assert 1 <= fwd.used_core_num <= cores
+    assert fwd.former_core_num * fwd.former_core_tokens + (
+        fwd.used_core_num - fwd.former_core_num) * fwd.tail_core_tokens == tokens
+    bwd = backward(profile, tokens, 4, 64).data
+    assert 1 <= bwd.used_core_num <= cores
+    assert bwd.former_core_num * bwd.former_core_chunks + (
+        bwd.used_core_num - bwd.former_core_num) * bwd.tail_core_chunks == bwd.chunk_num
+    assert bwd.chunk_num * bwd.chunk_tokens >= tokens
+
+
+class RecordingPlatform(PlatformInfo):
+    """A platform handle that records every read of its core count and buffer size."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[str] = []
+
+    def core_num(self) -> int:
+        self.reads.append("core_num")
+        return super().core_num()
+
+    def ub_size(self) -> int:
+        self.reads.append("ub_size")
+        return super().ub_size()
+
+
+@pytest.mark.parametrize("parse", [forward_tiling.parse, grad_tiling.parse], ids=["forward", "backward"])
+def test_tiling_parse_never_reads_the_core_count(parse):
+    platform = RecordingPlatform(FAKE_ASCEND, filled=False)
+    parse(platform)
+    assert platform.reads == []
+    filled = RecordingPlatform(FAKE_ASCEND)
+    info = parse(filled)
+    assert filled.reads == []
+    tile = forward_tiling.tiling if parse is forward_tiling.parse else None
+    if tile is not None:
+        tile(info, 8, 2, 32, torch.float32, 1e-6, False, filled)
+    else:
+        grad_tiling.tiling(info, 8, 2, 32, torch.float32, filled)
+    assert "core_num" in filled.reads, "Tiling is where the core count is read"
