@@ -1,0 +1,103 @@
+"""The exported REG_OP header and msopgen JSON match the declarations; the CLI works."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnres_ge.cli import main
+from attnres_ge.op_proto import PROTOTYPES
+from attnres_ge.op_proto.export import GE_DTYPES, MSOPGEN_DTYPES, export_prototypes
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    header, op_json = export_prototypes(tmp_path_factory.mktemp("proto"))
+    return header.read_text(), json.loads(op_json.read_text())
+
+
+def reg_op_block(header: str, op_type: str) -> list[str]:
+    match = re.search(rf"REG_OP\({op_type}\)\n(.*?)\.OP_END_FACTORY_REG\({op_type}\)", header, re.S)
+    assert match, f"no REG_OP({op_type}) block"
+    return [line.strip() for line in match.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
+def test_reg_op_lists_every_declared_input_output_and_attr_in_order(exported, op_type):
+    proto = PROTOTYPES[op_type]
+    expected = []
+    for macro, args in (("INPUT", proto.inputs), ("OUTPUT", proto.outputs)):
+        for arg in args:
+            types = ", ".join(GE_DTYPES[d] for d in arg.dtypes)
+            expected.append(f".{macro}({arg.name}, TensorType({{{types}}}))")
+    defaults = {"valid_block_num": {"BlockAttentionResiduals": "-1", "BlockAttentionResidualsGrad": "0"}[op_type],
+                "norm_eps": "1e-06", "need_backward": "false"}
+    expected += [f".ATTR({attr.name}, {attr.kind}, {defaults[attr.name]})" for attr in proto.attrs]
+    assert reg_op_block(exported[0], op_type) == expected
+
+
+@pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
+def test_msopgen_json_matches_the_declaration(exported, op_type):
+    proto = PROTOTYPES[op_type]
+    (entry,) = [op for op in exported[1] if op["op"] == op_type]
+    for key, args in (("input_desc", proto.inputs), ("output_desc", proto.outputs)):
+        assert [d["name"] for d in entry[key]] == [a.name for a in args]
+        for desc, arg in zip(entry[key], args, strict=True):
+            assert desc["param_type"] == arg.presence
+            assert desc["type"] == [MSOPGEN_DTYPES[d] for d in arg.dtypes]
+            assert desc["format"] == ["ND"] * len(arg.dtypes)
+    assert [(a["name"], a["type"], a["param_type"]) for a in entry["attr"]] == [
+        (a.name, a.kind.lower(), "optional") for a in proto.attrs
+    ]
+
+
+def test_forward_declaration_follows_spec():
+    proto = PROTOTYPES["BlockAttentionResiduals"]
+    assert proto.input_names() == ["partial_block", "block_res", "proj_weight", "norm_weight"]
+    assert proto.output_names() == ["hidden_states", "inv_norm", "probs"]
+    assert [(a.name, a.kind, a.default) for a in proto.attrs] == [
+        ("valid_block_num", "Int", -1), ("norm_eps", "Float", 1e-6), ("need_backward", "Bool", False)]
+    assert proto.outputs[1].dtypes == proto.outputs[2].dtypes == (torch.float32,)
+
+
+def test_backward_declaration_follows_spec():
+    proto = PROTOTYPES["BlockAttentionResidualsGrad"]
+    assert proto.input_names() == ["partial_block", "block_res", "proj_weight", "norm_weight", "grad_hidden_states",
+                                   "inv_norm", "probs"]
+    assert proto.output_names() == ["grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight"]
+    assert [(a.name, a.kind, a.default) for a in proto.attrs] == [("valid_block_num", "Int", 0)]
+
+
+def test_cli_export_proto(tmp_path, capsys):
+    assert main(["export-proto", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["block_attention_residuals.json",
+                                                          "block_attention_residuals_proto.h"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_tiling_prints_the_decision(capsys):
+    assert main(["tiling", "--op", "backward", "--soc", "Ascend910B2", "--shape", "4096,8,2048", "--cold"]) == 0
+    out = capsys.readouterr().out
+    assert "BlockAttentionResidualsGrad" in out and "block_dim      48" in out
+    assert "workspace_size 524288 bytes" in out and "re-queried at Tiling" in out
+
+
+def test_cli_tiling_reports_bad_arguments(capsys):
+    assert main(["tiling", "--op", "forward", "--soc", "Ascend999", "--shape", "1,1,1"]) == 2
+    assert "unknown platform profile 'Ascend999'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tiling", "--op", "forward", "--shape", "1,1"])
+
+
+@pytest.mark.slow
+def test_cli_demo_runs_as_installed_command():
+    result = subprocess.run([sys.executable, "-m", "attnres_ge.cli", "demo"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "all within SPEC.md tolerances" in result.stdout
+    assert result.stdout.count(" ok") == 15
