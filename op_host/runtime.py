@@ -10,6 +10,7 @@ launch; Tiling's re-query is what fills it (see tiling_base.resolve_platform).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -33,6 +34,7 @@ def _tiling_for(op_type: str, compile_info: CompileInfo, inputs: Mapping[str, Te
 
 
 PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
+TILING_CACHE_SIZE = 1024  # shapes remembered; a serving loop with ever new T must not grow without bound
 
 
 class HostRuntime:
@@ -41,7 +43,7 @@ class HostRuntime:
     def __init__(self, platform: PlatformInfo):
         self.platform = platform
         self._compile_infos: dict[str, CompileInfo] = {}
-        self._tilings: dict[tuple, TilingResult] = {}
+        self._tilings: OrderedDict[tuple, TilingResult] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile_info(self, op_type: str) -> CompileInfo:
@@ -56,11 +58,14 @@ class HostRuntime:
         key = (op_type, inputs["block_res"].shape, inputs["partial_block"].dtype, tuple(sorted(attrs.items())))
         with self._lock:
             cached = self._tilings.get(key)
-        if cached is not None:
-            return cached
+            if cached is not None:
+                self._tilings.move_to_end(key)
+                return cached
         result = _tiling_for(op_type, self.compile_info(op_type), inputs, attrs, self.platform)
         with self._lock:
             self._tilings[key] = result
+            if len(self._tilings) > TILING_CACHE_SIZE:
+                self._tilings.popitem(last=False)
         return result
 
     def launch(

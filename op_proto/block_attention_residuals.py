@@ -31,9 +31,9 @@ def infer_shape(inputs, attrs, where):
     check = Checker(OP_TYPE, where)
     check.same_device(inputs)
     tokens, hidden = check.shape("partial_block", inputs["partial_block"], ("T", "H"), (None, None))
-    check.dim_in_range("H (hidden size)", hidden, 1, None)
+    check.dim_in_range("partial_block", "H", "hidden size", hidden, 1, None)
     _, blocks, _ = check.shape("block_res", inputs["block_res"], ("T", "N", "H"), (tokens, None, hidden))
-    check.dim_in_range("N (blocks in block_res)", blocks, MIN_BLOCKS, MAX_BLOCKS)
+    check.dim_in_range("block_res", "N", "completed blocks", blocks, MIN_BLOCKS, MAX_BLOCKS)
     proj = inputs["proj_weight"]
     if len(proj.shape) == 1:
         check.shape("proj_weight", proj, ("H",), (hidden,))

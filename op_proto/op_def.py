@@ -114,12 +114,13 @@ class Checker:
                 self.fail(f"{name} must have shape {spelled} = {wanted}, got {format_shape(shape)}")
         return tuple(shape)
 
-    def dim_in_range(self, what: str, value, low: int, high: int | None) -> None:
+    def dim_in_range(self, name: str, letter: str, meaning: str, value, low: int, high: int | None) -> None:
+        """`name`'s dim `letter` must lie in [low, high] (no upper bound when high is None)."""
         if is_unknown(value):
             return
         if value < low or (high is not None and value > high):
-            bound = f"{low} <= {what}" + (f" <= {high}" if high is not None else "")
-            self.fail(f"{bound} is required, got {what} = {value}")
+            bound = f"{low} <= {letter} <= {high}" if high is not None else f"{letter} >= {low}"
+            self.fail(f"{name} must have {bound} ({meaning}), got {letter} = {value}")
 
     def same_device(self, inputs: Mapping[str, TensorMeta]) -> None:
         devices = {name: meta.device for name, meta in inputs.items() if meta.device is not None}

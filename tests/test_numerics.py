@@ -74,8 +74,10 @@ def test_hidden_split_into_tiles_matches_reference(dtype):
     from attnres_ge.op_host.runtime import default_runtime
     from attnres_ge.op_proto import FORWARD, TensorMeta
 
-    metas = {"partial_block": TensorMeta((tokens, hidden), dtype), "block_res": TensorMeta((tokens, blocks, hidden),
-                                                                                           dtype)}
+    metas = {
+        "partial_block": TensorMeta((tokens, hidden), dtype),
+        "block_res": TensorMeta((tokens, blocks, hidden), dtype),
+    }
     tiling = default_runtime().tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True}))
     if tiling.data.h_tile_num == 1:
         pytest.fail(f"expected the split variant for H={hidden} on {default_runtime().platform}")

@@ -25,15 +25,17 @@ TINY = PlatformProfile("tiny", 3, 4096)
 
 
 def forward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, need_backward=True, strict=False):
-    platform = profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(
-        profile_or_platform)
+    platform = (
+        profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(profile_or_platform)
+    )
     info = forward_tiling.parse(platform)
     return forward_tiling.tiling(info, tokens, blocks, hidden, dtype, 1e-6, need_backward, platform, strict=strict)
 
 
 def backward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, strict=False):
-    platform = profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(
-        profile_or_platform)
+    platform = (
+        profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(profile_or_platform)
+    )
     info = grad_tiling.parse(platform)
     return grad_tiling.tiling(info, tokens, blocks, hidden, dtype, platform, strict=strict)
 
@@ -49,27 +51,114 @@ GOLDEN = [
     pytest.param(forward, TINY, (7, 2, 100, torch.float32), id="fwd-tiny-T7-N2-H100-fp32"),
 ]
 EXPECTED = {
-    "fwd-ascend-T4096-N8-H2048-fp32": (10, 48, 0, dict(
-        used_core_num=48, former_core_num=16, former_core_tokens=86, tail_core_tokens=85, tokens_per_loop=2,
-        h_tile=2048, h_tile_num=1, h_last_tile=2048)),
-    "fwd-ascend-T4096-N8-H2048-bf16": (12, 48, 0, dict(
-        used_core_num=48, former_core_num=16, former_core_tokens=86, tail_core_tokens=85, tokens_per_loop=1,
-        h_tile=2048, h_tile_num=1, h_last_tile=2048)),
-    "fwd-ascend-T513-N37-H1000-fp16": (21, 48, 0, dict(
-        used_core_num=48, former_core_num=33, former_core_tokens=11, tail_core_tokens=10, tokens_per_loop=1,
-        h_tile=816, h_tile_num=2, h_last_tile=184)),
-    "bwd-ascend-T4096-N8-H2048-fp32": (20, 48, 64 * 2048 * 4, dict(
-        used_core_num=48, former_core_num=16, former_core_chunks=2, tail_core_chunks=1, chunk_num=64,
-        tokens_per_loop=1, h_tile=1568, h_tile_num=2, h_last_tile=480)),
-    "bwd-ascend-T513-N37-H1000-bf16": (22, 9, 9 * 1000 * 4, dict(
-        used_core_num=9, former_core_num=0, former_core_chunks=1, tail_core_chunks=1, chunk_num=9,
-        tokens_per_loop=1, h_tile=608, h_tile_num=2, h_last_tile=392)),
-    "bwd-ascend-T0-N0-H1-fp32": (10, 1, 0, dict(
-        used_core_num=1, former_core_num=0, former_core_chunks=0, tail_core_chunks=0, chunk_num=0,
-        tokens_per_loop=1, h_tile=1, h_tile_num=1, h_last_tile=1)),
-    "fwd-tiny-T7-N2-H100-fp32": (10, 3, 0, dict(
-        used_core_num=3, former_core_num=1, former_core_tokens=3, tail_core_tokens=2, tokens_per_loop=1,
-        h_tile=100, h_tile_num=1, h_last_tile=100)),
+    "fwd-ascend-T4096-N8-H2048-fp32": (
+        10,
+        48,
+        0,
+        dict(
+            used_core_num=48,
+            former_core_num=16,
+            former_core_tokens=86,
+            tail_core_tokens=85,
+            tokens_per_loop=2,
+            h_tile=2048,
+            h_tile_num=1,
+            h_last_tile=2048,
+        ),
+    ),
+    "fwd-ascend-T4096-N8-H2048-bf16": (
+        12,
+        48,
+        0,
+        dict(
+            used_core_num=48,
+            former_core_num=16,
+            former_core_tokens=86,
+            tail_core_tokens=85,
+            tokens_per_loop=1,
+            h_tile=2048,
+            h_tile_num=1,
+            h_last_tile=2048,
+        ),
+    ),
+    "fwd-ascend-T513-N37-H1000-fp16": (
+        21,
+        48,
+        0,
+        dict(
+            used_core_num=48,
+            former_core_num=33,
+            former_core_tokens=11,
+            tail_core_tokens=10,
+            tokens_per_loop=1,
+            h_tile=816,
+            h_tile_num=2,
+            h_last_tile=184,
+        ),
+    ),
+    "bwd-ascend-T4096-N8-H2048-fp32": (
+        20,
+        48,
+        64 * 2048 * 4,
+        dict(
+            used_core_num=48,
+            former_core_num=16,
+            former_core_chunks=2,
+            tail_core_chunks=1,
+            chunk_num=64,
+            tokens_per_loop=1,
+            h_tile=1568,
+            h_tile_num=2,
+            h_last_tile=480,
+        ),
+    ),
+    "bwd-ascend-T513-N37-H1000-bf16": (
+        22,
+        9,
+        9 * 1000 * 4,
+        dict(
+            used_core_num=9,
+            former_core_num=0,
+            former_core_chunks=1,
+            tail_core_chunks=1,
+            chunk_num=9,
+            tokens_per_loop=1,
+            h_tile=608,
+            h_tile_num=2,
+            h_last_tile=392,
+        ),
+    ),
+    "bwd-ascend-T0-N0-H1-fp32": (
+        10,
+        1,
+        0,
+        dict(
+            used_core_num=1,
+            former_core_num=0,
+            former_core_chunks=0,
+            tail_core_chunks=0,
+            chunk_num=0,
+            tokens_per_loop=1,
+            h_tile=1,
+            h_tile_num=1,
+            h_last_tile=1,
+        ),
+    ),
+    "fwd-tiny-T7-N2-H100-fp32": (
+        10,
+        3,
+        0,
+        dict(
+            used_core_num=3,
+            former_core_num=1,
+            former_core_tokens=3,
+            tail_core_tokens=2,
+            tokens_per_loop=1,
+            h_tile=100,
+            h_tile_num=1,
+            h_last_tile=100,
+        ),
+    ),
 }
 
 
@@ -85,7 +174,9 @@ def test_tiling_record_binary_layout_is_stable():
     result = forward(FAKE_ASCEND, 4096, 8, 2048)
     data = result.data.to_bytes()
     assert len(data) == 13 * 8 + 4  # thirteen int64 fields and the float32 epsilon
-    assert forward_tiling.ForwardTilingData.from_bytes(data) == dataclasses.replace(result.data, norm_eps=data_eps(data))
+    assert forward_tiling.ForwardTilingData.from_bytes(data) == dataclasses.replace(
+        result.data, norm_eps=data_eps(data)
+    )
     assert data[:8] == (4096).to_bytes(8, "little")
     assert data.hex().endswith("bd378635")  # 1e-6 as float32, little-endian
     grad = backward(FAKE_ASCEND, 4096, 8, 2048).data
@@ -152,15 +243,20 @@ def test_empty_at_both_falls_back_to_one_core_with_one_warning(tile):
         second = tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256)
     assert len(record) == 1, "the fallback warning is given once per op"
     message = str(record[0].message)
-    assert message.startswith(op + "Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; after a re-query "
-                              "coreNum=0, ubSize=0; falling back to coreNum=1")
+    assert message.startswith(
+        op + "Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; after a re-query "
+        "coreNum=0, ubSize=0; falling back to coreNum=1"
+    )
     assert first.block_dim == second.block_dim == 1
 
 
 @pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
 def test_strict_mode_raises_with_context(tile, monkeypatch):
-    with pytest.raises(PlatformNotReadyError, match=r"Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; "
-                                                    r"after a re-query coreNum=0, ubSize=0; strict mode"):
+    with pytest.raises(
+        PlatformNotReadyError,
+        match=r"Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; "
+        r"after a re-query coreNum=0, ubSize=0; strict mode",
+    ):
         tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256, strict=True)
     monkeypatch.setenv("ATTNRES_GE_STRICT_PLATFORM", "1")
     platform = PlatformInfo.empty(ASCEND910B2, runtime_answers=False)
@@ -178,12 +274,16 @@ def test_never_zero_cores_and_every_token_dealt(cores, tokens):
     profile = PlatformProfile("p", cores, 196608)
     fwd = forward(profile, tokens, 4, 64).data
     assert 1 <= fwd.used_core_num <= cores
-    assert fwd.former_core_num * fwd.former_core_tokens + (
-        fwd.used_core_num - fwd.former_core_num) * fwd.tail_core_tokens == tokens
+    assert (
+        fwd.former_core_num * fwd.former_core_tokens + (fwd.used_core_num - fwd.former_core_num) * fwd.tail_core_tokens
+        == tokens
+    )
     bwd = backward(profile, tokens, 4, 64).data
     assert 1 <= bwd.used_core_num <= cores
-    assert bwd.former_core_num * bwd.former_core_chunks + (
-        bwd.used_core_num - bwd.former_core_num) * bwd.tail_core_chunks == bwd.chunk_num
+    assert (
+        bwd.former_core_num * bwd.former_core_chunks + (bwd.used_core_num - bwd.former_core_num) * bwd.tail_core_chunks
+        == bwd.chunk_num
+    )
     assert bwd.chunk_num * bwd.chunk_tokens >= tokens
 
 

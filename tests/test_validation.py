@@ -18,74 +18,158 @@ T, N, H = 6, 3, 8
 
 def forward_args(**changes):
     partial, blocks, proj, norm = make_inputs(T, N, H)
-    args = {"partial_block": partial, "block_res": blocks, "proj_weight": proj, "norm_weight": norm,
-            "valid_block_num": -1, "norm_eps": 1e-6, "need_backward": True}
+    args = {
+        "partial_block": partial,
+        "block_res": blocks,
+        "proj_weight": proj,
+        "norm_weight": norm,
+        "valid_block_num": -1,
+        "norm_eps": 1e-6,
+        "need_backward": True,
+    }
     args.update(changes)
     return args
 
 
 def backward_args(**changes):
     partial, blocks, proj, norm = make_inputs(T, N, H)
-    args = {"partial_block": partial, "block_res": blocks, "proj_weight": proj, "norm_weight": norm,
-            "grad_hidden_states": torch.ones(T, H), "inv_norm": torch.ones(T, N + 1),
-            "probs": torch.full((T, N + 1), 0.25)}
+    args = {
+        "partial_block": partial,
+        "block_res": blocks,
+        "proj_weight": proj,
+        "norm_weight": norm,
+        "grad_hidden_states": torch.ones(T, H),
+        "inv_norm": torch.ones(T, N + 1),
+        "probs": torch.full((T, N + 1), 0.25),
+    }
     args.update(changes)
     return args
 
 
 FORWARD_CASES = [
-    ("float64-inputs", dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
-     "partial_block must have dtype in (torch.float16, torch.bfloat16, torch.float32), got torch.float64"),
-    ("mixed-dtypes", dict(block_res=torch.ones(T, N, H, dtype=torch.float16)),
-     "block_res must have the dtype of partial_block (torch.float32), got torch.float16"),
-    ("norm-weight-dtype", dict(norm_weight=torch.ones(H, dtype=torch.bfloat16)),
-     "norm_weight must have the dtype of partial_block (torch.float32), got torch.bfloat16"),
-    ("partial-rank", dict(partial_block=torch.ones(T, 1, H)), "partial_block must be 2-D [T, H] = [*, *], got shape [6, 1, 8]"),
-    ("block-res-rank", dict(block_res=torch.ones(T, H)), "block_res must be 3-D [T, N, H] = [6, *, 8], got shape [6, 8]"),
-    ("block-res-tokens", dict(block_res=torch.ones(T + 1, N, H)),
-     "block_res must have shape [T, N, H] = [6, *, 8], got [7, 3, 8]"),
-    ("block-res-hidden", dict(block_res=torch.ones(T, N, H + 1)),
-     "block_res must have shape [T, N, H] = [6, *, 8], got [6, 3, 9]"),
+    (
+        "float64-inputs",
+        dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
+        "partial_block must have dtype in (torch.float16, torch.bfloat16, torch.float32), got torch.float64",
+    ),
+    (
+        "mixed-dtypes",
+        dict(block_res=torch.ones(T, N, H, dtype=torch.float16)),
+        "block_res must have the dtype of partial_block (torch.float32), got torch.float16",
+    ),
+    (
+        "norm-weight-dtype",
+        dict(norm_weight=torch.ones(H, dtype=torch.bfloat16)),
+        "norm_weight must have the dtype of partial_block (torch.float32), got torch.bfloat16",
+    ),
+    (
+        "partial-rank",
+        dict(partial_block=torch.ones(T, 1, H)),
+        "partial_block must be 2-D [T, H] = [*, *], got shape [6, 1, 8]",
+    ),
+    (
+        "block-res-rank",
+        dict(block_res=torch.ones(T, H)),
+        "block_res must be 3-D [T, N, H] = [6, *, 8], got shape [6, 8]",
+    ),
+    (
+        "block-res-tokens",
+        dict(block_res=torch.ones(T + 1, N, H)),
+        "block_res must have shape [T, N, H] = [6, *, 8], got [7, 3, 8]",
+    ),
+    (
+        "block-res-hidden",
+        dict(block_res=torch.ones(T, N, H + 1)),
+        "block_res must have shape [T, N, H] = [6, *, 8], got [6, 3, 9]",
+    ),
     ("proj-shape", dict(proj_weight=torch.ones(2, H)), "proj_weight must have shape [1, H] = [1, 8], got [2, 8]"),
     ("proj-1d-shape", dict(proj_weight=torch.ones(H + 2)), "proj_weight must have shape [H] = [8], got [10]"),
     ("norm-shape", dict(norm_weight=torch.ones(1, H)), "norm_weight must be 1-D [H] = [8], got shape [1, 8]"),
-    ("no-blocks", dict(block_res=torch.ones(T, 0, H)), "1 <= N (blocks in block_res) <= 100 is required, got N (blocks in block_res) = 0"),
-    ("too-many-blocks", dict(block_res=torch.ones(T, 101, H)), "<= 100 is required, got N (blocks in block_res) = 101"),
-    ("empty-hidden", dict(partial_block=torch.ones(T, 0), block_res=torch.ones(T, N, 0), proj_weight=torch.ones(1, 0),
-                          norm_weight=torch.ones(0)), "1 <= H (hidden size) is required, got H (hidden size) = 0"),
+    (
+        "no-blocks",
+        dict(block_res=torch.ones(T, 0, H)),
+        "block_res must have 1 <= N <= 100 (completed blocks), got N = 0",
+    ),
+    (
+        "too-many-blocks",
+        dict(block_res=torch.ones(T, 101, H)),
+        "block_res must have 1 <= N <= 100 (completed blocks), got N = 101",
+    ),
+    (
+        "empty-hidden",
+        dict(
+            partial_block=torch.ones(T, 0),
+            block_res=torch.ones(T, N, 0),
+            proj_weight=torch.ones(1, 0),
+            norm_weight=torch.ones(0),
+        ),
+        "partial_block must have H >= 1 (hidden size), got H = 0",
+    ),
     ("eps-zero", dict(norm_eps=0.0), "attribute norm_eps must be finite and > 0, got 0.0"),
     ("eps-negative", dict(norm_eps=-1e-6), "attribute norm_eps must be finite and > 0, got -1e-06"),
     ("eps-inf", dict(norm_eps=math.inf), "attribute norm_eps must be finite and > 0, got inf"),
     ("eps-nan", dict(norm_eps=math.nan), "attribute norm_eps must be finite and > 0, got nan"),
-    ("valid-block-num", dict(valid_block_num=2), "attribute valid_block_num is reserved and must be -1 or N = 3, got 2"),
-    ("device-mismatch", dict(norm_weight=torch.ones(H, device="meta")),
-     "all tensors must be on one device, got partial_block on cpu, block_res on cpu, proj_weight on cpu, "
-     "norm_weight on meta"),
+    (
+        "valid-block-num",
+        dict(valid_block_num=2),
+        "attribute valid_block_num is reserved and must be -1 or N = 3, got 2",
+    ),
+    (
+        "device-mismatch",
+        dict(norm_weight=torch.ones(H, device="meta")),
+        "all tensors must be on one device, got partial_block on cpu, block_res on cpu, proj_weight on cpu, "
+        "norm_weight on meta",
+    ),
 ]
 
 BACKWARD_CASES = [
-    ("float64-inputs", dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
-     "partial_block must have dtype in (torch.float16, torch.bfloat16, torch.float32), got torch.float64"),
-    ("grad-dtype", dict(grad_hidden_states=torch.ones(T, H, dtype=torch.float16)),
-     "grad_hidden_states must have the dtype of partial_block (torch.float32), got torch.float16"),
-    ("inv-norm-dtype", dict(inv_norm=torch.ones(T, N + 1, dtype=torch.float16)),
-     "inv_norm must have dtype in (torch.float32), got torch.float16"),
-    ("probs-dtype", dict(probs=torch.ones(T, N + 1, dtype=torch.bfloat16)),
-     "probs must have dtype in (torch.float32), got torch.bfloat16"),
+    (
+        "float64-inputs",
+        dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
+        "partial_block must have dtype in (torch.float16, torch.bfloat16, torch.float32), got torch.float64",
+    ),
+    (
+        "grad-dtype",
+        dict(grad_hidden_states=torch.ones(T, H, dtype=torch.float16)),
+        "grad_hidden_states must have the dtype of partial_block (torch.float32), got torch.float16",
+    ),
+    (
+        "inv-norm-dtype",
+        dict(inv_norm=torch.ones(T, N + 1, dtype=torch.float16)),
+        "inv_norm must have dtype in (torch.float32), got torch.float16",
+    ),
+    (
+        "probs-dtype",
+        dict(probs=torch.ones(T, N + 1, dtype=torch.bfloat16)),
+        "probs must have dtype in (torch.float32), got torch.bfloat16",
+    ),
     ("proj-1d", dict(proj_weight=torch.ones(H)), "proj_weight must be 2-D [1, H] = [1, 8], got shape [8]"),
-    ("grad-shape", dict(grad_hidden_states=torch.ones(T, H + 1)),
-     "grad_hidden_states must have shape [T, H] = [6, 8], got [6, 9]"),
+    (
+        "grad-shape",
+        dict(grad_hidden_states=torch.ones(T, H + 1)),
+        "grad_hidden_states must have shape [T, H] = [6, 8], got [6, 9]",
+    ),
     ("probs-shape", dict(probs=torch.ones(T, N)), "probs must have shape [T, N+1] = [6, 4], got [6, 3]"),
     ("inv-norm-rank", dict(inv_norm=torch.ones(T)), "inv_norm must be 2-D [T, N+1] = [6, 4], got shape [6]"),
-    ("too-many-blocks", dict(block_res=torch.ones(T, 129, H), inv_norm=torch.ones(T, 130), probs=torch.ones(T, 130)),
-     "0 <= N (blocks in block_res) <= 128 is required, got N (blocks in block_res) = 129"),
+    (
+        "too-many-blocks",
+        dict(block_res=torch.ones(T, 129, H), inv_norm=torch.ones(T, 130), probs=torch.ones(T, 130)),
+        "block_res must have 0 <= N <= 128 (completed blocks), got N = 129",
+    ),
     ("device-mismatch", dict(probs=torch.ones(T, N + 1, device="meta")), "all tensors must be on one device"),
 ]
 
 
 def call_forward(args):
-    return forward_op(args["partial_block"], args["block_res"], args["proj_weight"], args["norm_weight"],
-                      args["valid_block_num"], args["norm_eps"], args["need_backward"])
+    return forward_op(
+        args["partial_block"],
+        args["block_res"],
+        args["proj_weight"],
+        args["norm_weight"],
+        args["valid_block_num"],
+        args["norm_eps"],
+        args["need_backward"],
+    )
 
 
 def call_backward(args):
