@@ -7,9 +7,9 @@ Importing registers torch.ops.attnres.block_attention_residuals and
 torch.ops.attnres.block_attention_residuals_backward.
 """
 
-from .ge_plugin import BlockAttnRes, block_attention_residuals
+from .ge_plugin import BlockAttnRes, block_attention_residuals, ge_backend
 from .op_kernel.reference import block_attention_residuals_reference
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference"]
+__all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference", "ge_backend"]

@@ -19,6 +19,7 @@ from .tiling_base import (
     CompileInfo,
     TilingRecord,
     TilingResult,
+    as_float32,
     plan_hidden,
     resolve_platform,
     split_evenly,
@@ -93,6 +94,6 @@ def tiling(
         h_tile_num=plan.h_tile_num,
         h_last_tile=plan.h_last_tile,
         need_backward=int(need_backward),
-        norm_eps=norm_eps,
+        norm_eps=as_float32(norm_eps),  # eager and graph (float32 attribute) see the same epsilon
     )
     return TilingResult(tiling_key(plan.mode, dtype), used, data, workspace_size=0)

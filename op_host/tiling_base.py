@@ -18,6 +18,7 @@ import struct
 import threading
 import warnings
 from dataclasses import dataclass
+
 import torch
 
 from .platform import KIB, PlatformInfo
@@ -55,6 +56,11 @@ class PlatformFallbackWarning(RuntimeWarning):
 
 def strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "0") not in ("", "0", "false", "False")
+
+
+def as_float32(value: float) -> float:
+    """`value` rounded to float32, as GE stores a Float attribute and the tiling record holds it."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def tiling_key(mode: int, dtype: torch.dtype) -> int:

@@ -26,7 +26,7 @@ def block_attention_residuals_kernel(
     tiling: ForwardTilingData,
 ) -> None:
     score_weight = (norm_weight.float() * proj_weight.reshape(-1).float()).double()  # [H]
-    eps = tiling.norm_eps  # already float32-rounded by the tiling record's layout
+    eps = tiling.norm_eps  # float32-rounded by Tiling
     for core in range(tiling.used_core_num):
         start, stop = core_range(core, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens)
         for t0 in range(start, stop, tiling.tokens_per_loop):

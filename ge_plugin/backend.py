@@ -1,0 +1,108 @@
+"""`torch.compile` backend that runs our ops through the local GE: `backend=attnres_ge.ge_backend()`.
+
+    torch.compile(model, backend=attnres_ge.ge_backend(dump_path="ge_graphs"))
+    torch.compile(model, backend="attnres_ge")        # the same, registered with dynamo
+
+Dynamo's graph goes through AOTAutograd, so the forward and the backward FX graphs both come
+here. In each, every node of the attnres ops (or CANN's same-schema ops) is converted by its
+converter into a GE GraphDef, compiled by the local GE (prototype check, InferShape against
+torch's traced tensors, TilingParse) and replaced by a call of the compiled graph; every other
+node stays the torch code it was and runs as is, so results are bit-identical to eager.
+Dynamic token counts compile once: unknown dims stay -1 and Tiling runs per actual shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import fx, nn
+
+from ..op_host.runtime import HostRuntime
+from .converters import local_converters
+from .fx_to_ge import build_node_graph
+from .ge_ir import GraphDef
+from .local_ge import CompiledGraph, compile_graph
+
+DYNAMO_BACKEND_NAME = "attnres_ge"
+
+
+class GeGraphCall(nn.Module):
+    """Runs one compiled GE graph in place of an FX node; returns its NetOutput tensors as a tuple."""
+
+    def __init__(self, compiled: CompiledGraph):
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.compiled(*tensors))
+
+    def extra_repr(self) -> str:
+        return f"graph={self.compiled.graph_def.name!r}"
+
+
+class GeBackend:
+    """A torch.compile backend; `graphs` lists every GraphDef it compiled (output descs filled), in order."""
+
+    def __init__(self, *, dump_path: str | Path | None = None, runtime: HostRuntime | None = None):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.dump_path = dump_path
+        self.runtime = runtime
+        self.graphs: list[GraphDef] = []
+        self.fx_graphs: list[fx.GraphModule] = []  # the FX graphs after lowering (forward, backward, ...)
+        self._aot = aot_autograd(fw_compiler=self.compile_fx_graph, bw_compiler=self.compile_fx_graph)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence, **kwargs):
+        return self._aot(gm, example_inputs)
+
+    def compile_fx_graph(self, gm: fx.GraphModule, example_inputs: Sequence):
+        """Lower our op nodes of one AOT graph to compiled GE graphs; the rest runs as torch code."""
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        converters = local_converters()
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and node.target in converters:
+                self._lower(gm, node, converters[node.target])
+        gm.graph.lint()
+        gm.recompile()
+        self.fx_graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def _lower(self, gm: fx.GraphModule, node: fx.Node, converter) -> None:
+        graph_def, tensor_args = build_node_graph(node, converter)
+        compiled = compile_graph(graph_def, self.runtime, self.dump_path)
+        self.graphs.append(graph_def)
+        module_name = f"ge_{node.name}"
+        gm.add_submodule(module_name, GeGraphCall(compiled))
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_module(module_name, tuple(tensor_args))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+
+
+def ge_backend(*, dump_path: str | Path | None = None, runtime: HostRuntime | None = None) -> GeBackend:
+    """A torch.compile backend running our ops on the local GE.
+
+    Args:
+        dump_path: folder to write every compiled GE graph to as `.pbtxt` (like torchair's graph dump).
+        runtime: the host runtime to tile and launch with (default: the process runtime eager uses).
+    """
+    return GeBackend(dump_path=dump_path, runtime=runtime)
+
+
+def _dynamo_entry(gm: fx.GraphModule, example_inputs: Sequence, options: dict | None = None):
+    """What `backend="attnres_ge"` calls; torch.compile's `options` become ge_backend's keywords."""
+    return ge_backend(**(options or {}))(gm, example_inputs)
+
+
+def register_dynamo_backend() -> None:
+    """Make `torch.compile(..., backend="attnres_ge")` work (idempotent)."""
+    from torch._dynamo import register_backend
+
+    try:
+        register_backend(_dynamo_entry, name=DYNAMO_BACKEND_NAME)
+    except AssertionError:  # dynamo's answer to a duplicate name: registered already
+        pass

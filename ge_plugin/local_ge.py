@@ -1,0 +1,298 @@
+"""A local Graph Engine: compiles a `ge.proto` GraphDef the way GE does and runs it on the host.
+
+Compile (once per graph), per node in order:
+    Data        -> graph input `index`, its output desc as declared
+    custom op   -> prototype by `type`; inputs bound by the prototype's names and order; attributes
+                   read back from their AttrDef fields, defaults for absent ones;
+                   InferDataType + InferShape (unknown dims stay -1) fill `output_desc`, checked
+                   against what torch traced when that was recorded; TilingParse once per node
+    NetOutput   -> the graph's results
+Run (every call), per custom-op node:
+    inputs made contiguous -> [per input shapes, cached] InferShape on the actual shapes + Tiling
+    -> outputs and workspace from the node's BufferPool -> the kernel, through the very
+    `HostRuntime.launch` the eager op uses.
+
+Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
+torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from google.protobuf import text_format
+
+from ..op_host.runtime import HostRuntime, default_runtime
+from ..op_host.tiling_base import CompileInfo, TilingResult
+from ..op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
+from . import ge_attr
+from .buffer_pool import BufferPool
+from .ge import static_dims, torch_dtype, write_desc
+from .ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
+
+DATA, NET_OUTPUT = "Data", "NetOutput"
+MAX_PLANS = 1024  # shapes remembered per node, as the runtime's Tiling cache
+
+
+class GraphCompileError(RuntimeError):
+    """The graph is malformed, or torch's traced outputs disagree with InferShape (a bug report)."""
+
+
+class GraphRunError(ValueError):
+    """The tensors fed to a compiled graph do not match its Data descs."""
+
+
+def _node_error(op: OpDef, error: Exception) -> AttnResInputError:
+    return AttnResInputError(f"node {op.name!r} (type {op.type}): {error}")
+
+
+def parse_ref(ref: str) -> tuple[str, int]:
+    """"producer:index" -> (producer, index)."""
+    producer, _, index = ref.rpartition(":")
+    if not producer or not index.isdigit():
+        raise GraphCompileError(f"tensor reference {ref!r} is not 'node:index'")
+    return producer, int(index)
+
+
+def desc_meta(desc: TensorDescriptor) -> TensorMeta:
+    """What InferShape sees of a desc: dims as stored (-1 unknown) and the torch dtype."""
+    return TensorMeta(tuple(desc.shape.dim), torch_dtype(desc.dtype))
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    """Run-time facts of one node for one set of input shapes."""
+
+    outputs: tuple[TensorMeta, ...]
+    tiling: TilingResult
+
+
+@dataclass
+class CompiledOp:
+    """A custom-op node after compile: everything a run needs but the tensors."""
+
+    op_def: OpDef
+    prototype: OpPrototype
+    attrs: dict
+    sources: list[tuple[str, int] | None]  # producer of each prototype input, None when absent
+    compile_info: CompileInfo
+    plans: OrderedDict[tuple, ShapePlan] = field(default_factory=OrderedDict)  # latest MAX_PLANS shapes
+    buffers: BufferPool = field(default_factory=BufferPool)
+
+
+class CompiledGraph:
+    """A compiled GraphDef; call it with the graph inputs in Data index order, get NetOutput's tensors."""
+
+    def __init__(self, graph_def: GraphDef, runtime: HostRuntime):
+        self.graph_def = graph_def
+        self.runtime = runtime
+        self.data_ops: dict[int, OpDef] = {}
+        self.ops: list[CompiledOp] = []
+        self.results: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        values = self._bind_data(inputs)
+        for op in self.ops:
+            args = [None if source is None else values[source] for source in op.sources]
+            for index, output in enumerate(self._run_op(op, args)):
+                values[(op.op_def.name, index)] = output
+        return [values[ref] for ref in self.results]
+
+    def _bind_data(self, inputs: Sequence[torch.Tensor]) -> dict[tuple[str, int], torch.Tensor]:
+        if len(inputs) != len(self.data_ops):
+            raise GraphRunError(f"graph {self.graph_def.name!r} takes {len(self.data_ops)} inputs, got {len(inputs)}")
+        values = {}
+        for index, op in self.data_ops.items():
+            tensor = inputs[index]
+            declared = desc_meta(op.output_desc[0])
+            known_dims_match = len(tensor.shape) == len(declared.shape) and all(
+                want < 0 or have == want for have, want in zip(tensor.shape, declared.shape, strict=True)
+            )
+            if tensor.dtype != declared.dtype or not known_dims_match:
+                raise GraphRunError(f"graph {self.graph_def.name!r} input {index} (node {op.name!r}) must be "
+                                    f"{declared.dtype} {list(declared.shape)}, got {tensor.dtype} {list(tensor.shape)}")
+            values[(op.name, 0)] = tensor
+        return values
+
+    def _run_op(self, op: CompiledOp, args: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """InferShape + Tiling for these shapes (cached), buffers, the kernel: outputs in prototype order."""
+        tensors = [arg.contiguous() for arg in args]
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+        with self._lock:
+            plan = op.plans.get(key)
+            if plan is not None:
+                op.plans.move_to_end(key)
+        if plan is None:
+            plan = self._plan(op, tensors)
+            with self._lock:
+                op.plans[key] = plan
+                if len(op.plans) > MAX_PLANS:
+                    op.plans.popitem(last=False)
+        outputs, workspace = op.buffers.take(key, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
+        self.runtime.launch(op.prototype.op_type, tensors, op.attrs, outputs, workspace)
+        return outputs
+
+    def _plan(self, op: CompiledOp, tensors: list[torch.Tensor]) -> ShapePlan:
+        metas = {name: TensorMeta.of(t) for name, t in zip(op.prototype.input_names(), tensors, strict=True)}
+        try:
+            outputs = op.prototype.infer(metas, op.attrs, WHERE_GRAPH)
+        except AttnResInputError as error:
+            raise _node_error(op.op_def, error) from None
+        tiling = self.runtime.tiling(op.prototype.op_type, metas, op.attrs)
+        return ShapePlan(tuple(outputs), tiling)
+
+
+_dump_counter = itertools.count()
+
+
+def compile_graph(
+    graph_def: GraphDef, runtime: HostRuntime | None = None, dump_path: str | Path | None = None
+) -> CompiledGraph:
+    """Compile `graph_def` in place (output descs filled) and return the runnable graph.
+
+    With `dump_path`, the compiled graph is also written there as
+    `attnres_ge_<pid>_<n>_<graph name>.pbtxt`.
+    """
+    compiled = CompiledGraph(graph_def, runtime or default_runtime())
+    descs: dict[tuple[str, int], TensorDescriptor] = {}
+    for op in graph_def.op:
+        if op.type == DATA:
+            _compile_data(compiled, op, descs)
+        elif op.type == NET_OUTPUT:
+            compiled.results = _compile_net_output(op, descs)
+        else:
+            compiled.ops.append(_compile_custom_op(compiled.runtime, op, descs))
+    if dump_path is not None:
+        dump_graph(graph_def, dump_path)
+    return compiled
+
+
+def dump_graph(graph_def: GraphDef, folder: str | Path) -> Path:
+    """Write the GraphDef as protobuf text into `folder` (created if missing); returns the file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"attnres_ge_{os.getpid()}_{next(_dump_counter):04d}_{graph_def.name}.pbtxt"
+    path.write_text(text_format.MessageToString(graph_def), encoding="utf-8")
+    return path
+
+
+def _resolve(op: OpDef, ref: str, descs: Mapping) -> tuple[str, int]:
+    source = parse_ref(ref)
+    if source not in descs:
+        raise GraphCompileError(f"node {op.name!r}: input {ref!r} is not produced by an earlier node")
+    return source
+
+
+def _compile_data(compiled: CompiledGraph, op: OpDef, descs: dict) -> None:
+    if "index" not in op.attr or op.attr["index"].WhichOneof("value") != "i" or len(op.output_desc) != 1:
+        raise GraphCompileError(f"Data node {op.name!r} needs an Int attr 'index' and one output desc")
+    index = op.attr["index"].i
+    if index in compiled.data_ops:
+        raise GraphCompileError(f"Data nodes {compiled.data_ops[index].name!r} and {op.name!r} share index {index}")
+    compiled.data_ops[index] = op
+    descs[(op.name, 0)] = op.output_desc[0]
+
+
+def _compile_net_output(op: OpDef, descs: Mapping) -> list[tuple[str, int]]:
+    """The graph's results; NetOutput's input descs refreshed from their (now inferred) producers."""
+    results = [_resolve(op, ref, descs) for ref in op.input]
+    del op.input_desc[:]
+    for position, source in enumerate(results):
+        desc = op.input_desc.add()
+        desc.CopyFrom(descs[source])
+        desc.name = f"x{position}"
+    return results
+
+
+def _compile_custom_op(runtime: HostRuntime, op: OpDef, descs: dict) -> CompiledOp:
+    try:
+        prototype = get_prototype(op.type)
+    except KeyError as error:
+        raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): {error.args[0]}") from None
+    sources, metas = _bind_inputs(op, prototype, descs)
+    attrs = _bind_attrs(op, prototype)
+    try:
+        outputs = prototype.infer(metas, attrs, WHERE_GRAPH)
+    except AttnResInputError as error:
+        raise _node_error(op, error) from None
+    _check_traced_outputs(op, prototype, outputs)
+    for desc, name, meta in zip(op.output_desc, prototype.output_names(), outputs, strict=True):
+        write_desc(desc, name, meta.dtype, meta.shape)
+    return CompiledOp(op, prototype, attrs, sources, runtime.compile_info(op.type))
+
+
+def _bind_inputs(op: OpDef, prototype: OpPrototype, descs: Mapping):
+    """Producer and TensorMeta of each prototype input; the node's input_desc refreshed from its producer."""
+    names = [desc.name for desc in op.input_desc]
+    if names != prototype.input_names() or len(op.input) != len(names):
+        raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): inputs must be {prototype.input_names()} "
+                                f"in order, got input_desc {names} with {len(op.input)} inputs")
+    sources, metas = [], {}
+    for arg, ref, desc in zip(prototype.inputs, op.input, op.input_desc, strict=True):
+        if ref == "":
+            if arg.presence != "optional":
+                raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): required input {arg.name!r} "
+                                        "is absent")
+            sources.append(None)
+            continue
+        source = _resolve(op, ref, descs)
+        desc.CopyFrom(descs[source])
+        desc.name = arg.name
+        if desc.dtype == DT_UNDEFINED:
+            raise GraphCompileError(f"node {op.name!r}: input {arg.name!r} ({ref}) has no dtype")
+        sources.append(source)
+        metas[arg.name] = desc_meta(desc)
+    for index, desc in enumerate(op.output_desc):
+        descs[(op.name, index)] = desc
+    return sources, metas
+
+
+def _bind_attrs(op: OpDef, prototype: OpPrototype) -> dict:
+    """Attribute values read from their AttrDef fields, type-checked, defaults filled in."""
+    kinds = {arg.name: arg.kind for arg in prototype.attrs}
+    given = {}
+    for name, attr_def in op.attr.items():
+        if name.startswith("_") and name not in kinds:
+            continue  # GE's private attributes (torchair writes _input_name_key, _inference_rule, ...)
+        try:
+            value = ge_attr.read(attr_def)
+        except ValueError as error:
+            raise _node_error(op, error) from None
+        if name in kinds and value.kind != kinds[name]:
+            raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): attribute {name!r} must be "
+                                    f"{kinds[name]}, got {value.kind} {value.value!r}")
+        given[name] = value.value
+    try:
+        return prototype.bind_attrs(given, WHERE_PROTOTYPE)
+    except AttnResInputError as error:
+        raise _node_error(op, error) from None
+
+
+def _check_traced_outputs(op: OpDef, prototype: OpPrototype, inferred: Sequence[TensorMeta]) -> None:
+    """Where torch recorded the outputs it traced, InferShape must agree (dtype; every dim both know)."""
+    if len(op.output_desc) != len(prototype.outputs):
+        raise GraphCompileError(f"node {op.name!r}: {len(op.output_desc)} output descs, the prototype has "
+                                f"{prototype.output_names()}")
+    for desc, meta in zip(op.output_desc, inferred, strict=True):
+        if desc.dtype == DT_UNDEFINED:
+            continue
+        traced = desc_meta(desc)
+        inferred_dims = static_dims(meta.shape)
+        dims_agree = not desc.HasField("shape") or (  # torchair records the dtype only
+            len(traced.shape) == len(inferred_dims)
+            and all(a < 0 or b < 0 or a == b for a, b in zip(traced.shape, inferred_dims, strict=True))
+        )
+        if traced.dtype != meta.dtype or not dims_agree:
+            raise GraphCompileError(
+                f"node {op.name!r} ({op.type}) output {desc.name!r}: torch traced {traced.dtype} "
+                f"{list(traced.shape)} but InferShape gives {meta.dtype} {list(inferred_dims)}; "
+                "the fake tensor function and the prototype disagree, please report this"
+            )

@@ -1,0 +1,201 @@
+"""torch.compile with the attnres_ge backend: bit-identical to eager, the GraphDefs it builds, dynamic T."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+import attnres_ge
+from attnres_ge.ge_plugin import ge_ir
+from attnres_ge.op_host.runtime import HostRuntime
+
+T, N, H = 6, 3, 16
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]
+GE_DTYPE = {torch.float32: ge_ir.DT_FLOAT, torch.float16: ge_ir.DT_FLOAT16, torch.bfloat16: ge_ir.DT_BF16}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make_layer(dtype=torch.float32, hidden=H, seed=0):
+    torch.manual_seed(seed)
+    layer = attnres_ge.BlockAttnRes(hidden, dtype=dtype)
+    with torch.no_grad():
+        layer.proj_weight.normal_()
+        layer.norm_weight.uniform_(0.5, 1.5)
+    return layer
+
+
+def make_inputs(tokens=T, blocks=N, hidden=H, dtype=torch.float32, seed=1, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    partial = torch.randn(tokens, hidden, generator=generator).to(dtype).requires_grad_(requires_grad)
+    blocks_res = torch.randn(tokens, blocks, hidden, generator=generator).to(dtype).requires_grad_(requires_grad)
+    return partial, blocks_res
+
+
+def loss_of(layer, partial, block_res):
+    return (layer(partial, block_res).float() ** 2).sum()
+
+
+def train_step(step_fn, layer, partial, block_res):
+    """Loss and the gradients of all four tensors after one forward+backward."""
+    for tensor in (partial, block_res, *layer.parameters()):
+        tensor.grad = None
+    loss = step_fn(layer, partial, block_res)
+    loss.backward()
+    return {"loss": loss.detach(), "grad_partial_block": partial.grad, "grad_block_res": block_res.grad,
+            "grad_proj_weight": layer.proj_weight.grad, "grad_norm_weight": layer.norm_weight.grad}
+
+
+def assert_bit_identical(got: dict, want: dict):
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs between graph and eager"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_only_is_bit_identical(dtype):
+    layer = make_layer(dtype)
+    partial, block_res = make_inputs(dtype=dtype)
+    backend = attnres_ge.ge_backend()
+    with torch.no_grad():
+        want = layer(partial, block_res)
+        got = torch.compile(layer, backend=backend)(partial, block_res)
+    assert torch.equal(got, want)
+    [graph] = backend.graphs
+    assert graph.op[-2].attr["need_backward"].b is False
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_and_backward_of_one_layer_are_bit_identical(dtype):
+    layer = make_layer(dtype)
+    partial, block_res = make_inputs(dtype=dtype, requires_grad=True)
+    want = train_step(loss_of, layer, partial, block_res)
+    backend = attnres_ge.ge_backend()
+    got = train_step(torch.compile(loss_of, backend=backend), layer, partial, block_res)
+    assert_bit_identical(got, want)
+    assert [graph.op[-2].type for graph in backend.graphs] == ["BlockAttentionResiduals",
+                                                               "BlockAttentionResidualsGrad"]
+
+
+def _attr(op, name):
+    value = op.attr[name]
+    field = value.WhichOneof("value")
+    return field, getattr(value, field)
+
+
+def _descs(descs):
+    return [(d.name, d.dtype, list(d.shape.dim)) for d in descs]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic-T"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_graphdefs_the_backend_builds(dtype, dynamic):
+    layer = make_layer(dtype)
+    partial, block_res = make_inputs(dtype=dtype, requires_grad=True)
+    if dynamic:  # only the token count; dynamic=True would make N unknown too
+        torch._dynamo.mark_dynamic(partial, 0)
+        torch._dynamo.mark_dynamic(block_res, 0)
+    backend = attnres_ge.ge_backend()
+    train_step(torch.compile(loss_of, backend=backend), layer, partial, block_res)
+    forward, backward = backend.graphs
+    t = -1 if dynamic else T
+    dt, f32 = GE_DTYPE[dtype], ge_ir.DT_FLOAT
+
+    op = forward.op[-2]
+    assert [o.type for o in forward.op] == ["Data"] * 4 + ["BlockAttentionResiduals", "NetOutput"]
+    data_names = [o.name for o in forward.op[:4]]
+    assert list(op.input) == [f"{name}:0" for name in data_names]
+    assert [_attr(o, "index") for o in forward.op[:4]] == [("i", i) for i in range(4)]
+    assert _descs(op.input_desc) == [("partial_block", dt, [t, H]), ("block_res", dt, [t, N, H]),
+                                     ("proj_weight", dt, [1, H]), ("norm_weight", dt, [H])]
+    assert _attr(op, "valid_block_num") == ("i", -1)
+    assert _attr(op, "need_backward") == ("b", True)
+    assert _attr(op, "norm_eps")[0] == "f" and _attr(op, "norm_eps")[1] == pytest.approx(1e-6)
+    assert _descs(op.output_desc) == [("hidden_states", dt, [t, H]), ("inv_norm", f32, [t, N + 1]),
+                                      ("probs", f32, [t, N + 1])]
+    assert list(forward.op[-1].input) == [f"{op.name}:{i}" for i in range(3)]
+
+    op = backward.op[-2]
+    assert [o.type for o in backward.op] == ["Data"] * 7 + ["BlockAttentionResidualsGrad", "NetOutput"]
+    assert list(op.input) == [f"{o.name}:0" for o in backward.op[:7]]
+    assert _descs(op.input_desc) == [
+        ("partial_block", dt, [t, H]), ("block_res", dt, [t, N, H]), ("proj_weight", dt, [1, H]),
+        ("norm_weight", dt, [H]), ("grad_hidden_states", dt, [t, H]), ("inv_norm", f32, [t, N + 1]),
+        ("probs", f32, [t, N + 1])]
+    assert dict(op.attr).keys() == {"valid_block_num"} and _attr(op, "valid_block_num") == ("i", 0)
+    assert _descs(op.output_desc) == [("grad_partial_block", dt, [t, H]), ("grad_block_res", dt, [t, N, H]),
+                                      ("grad_proj_weight", dt, [1, H]), ("grad_norm_weight", dt, [H])]
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic"])
+def test_dynamic_tokens_compile_once_and_match_eager(how):
+    layer = make_layer()
+    backend = attnres_ge.ge_backend()
+    compiled = torch.compile(loss_of, backend=backend, dynamic=True if how == "dynamic=True" else None)
+    counters.clear()
+    for tokens in (5, 9, 17, 40, 2):  # none equal to N or H, so duck sizing adds no guard
+        partial, block_res = make_inputs(tokens=tokens, requires_grad=True, seed=tokens)
+        if how == "mark_dynamic":
+            torch._dynamo.mark_dynamic(partial, 0)
+            torch._dynamo.mark_dynamic(block_res, 0)
+        want = train_step(loss_of, layer, partial, block_res)
+        got = train_step(compiled, layer, partial, block_res)
+        assert_bit_identical(got, want)
+    assert counters["frames"]["ok"] == 1, f"one compile for every token count, dynamo counted {dict(counters)}"
+    assert counters["stats"]["unique_graphs"] == 1
+    assert len(backend.graphs) == 2  # one forward and one backward GE graph, ever
+    assert all(list(graph.op[-2].output_desc[0].shape.dim)[0] == -1 for graph in backend.graphs)
+
+
+def test_backend_is_registered_by_name_and_dumps_graphs(tmp_path):
+    layer = make_layer()
+    partial, block_res = make_inputs(requires_grad=True)
+    want = train_step(loss_of, layer, partial, block_res)
+    compiled = torch.compile(loss_of, backend="attnres_ge", options={"dump_path": str(tmp_path)})
+    assert_bit_identical(train_step(compiled, layer, partial, block_res), want)
+    dumped = sorted(path.name for path in tmp_path.glob("*.pbtxt"))
+    assert len(dumped) == 2
+    assert dumped[0].endswith("block_attention_residuals.pbtxt")
+    assert dumped[1].endswith("block_attention_residuals_backward.pbtxt")
+
+
+@pytest.fixture
+def kernels_must_not_run(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a kernel ran: the bad input was not caught at compile time")
+
+    monkeypatch.setattr(HostRuntime, "launch", refuse)
+
+
+BAD_CALLS = [
+    pytest.param(lambda p, b, w, n: (p, b[:-1], w, n), {}, "block_res must have shape", id="tokens-mismatch"),
+    pytest.param(lambda p, b, w, n: (p, b, w[:, :-1], n), {}, "proj_weight must have shape", id="proj-shape"),
+    pytest.param(lambda p, b, w, n: (p, b.half(), w, n), {}, "block_res must have the dtype", id="mixed-dtype"),
+    pytest.param(lambda p, b, w, n: (p.double(), b.double(), w.double(), n.double()), {}, "must have dtype in",
+                 id="float64"),
+    pytest.param(lambda p, b, w, n: (p, b[:, :0], w, n), {}, r"1 <= N", id="N0"),
+    pytest.param(lambda p, b, w, n: (p, b, w, n), {"norm_eps": 0.0}, "norm_eps must be finite and > 0", id="eps0"),
+    pytest.param(lambda p, b, w, n: (p, b, w, n), {"valid_block_num": 7}, "valid_block_num is reserved",
+                 id="valid-block-num"),
+]
+
+
+@pytest.mark.parametrize(("mangle", "attrs", "message"), BAD_CALLS)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_bad_inputs_fail_during_compile(kernels_must_not_run, mangle, attrs, message, dynamic):
+    layer = make_layer()
+    partial, block_res = make_inputs()
+    args = mangle(partial, block_res, layer.proj_weight.detach(), layer.norm_weight.detach())
+    call = {"valid_block_num": -1, "norm_eps": 1e-6, **attrs}
+
+    def fn(p, b, w, n):
+        return torch.ops.attnres.block_attention_residuals(p, b, w, n, call["valid_block_num"], call["norm_eps"])
+
+    with pytest.raises(Exception, match=message):
+        torch.compile(fn, backend=attnres_ge.ge_backend(), dynamic=dynamic)(*args)
