@@ -1,4 +1,4 @@
-"""The `attnres-ge` command: demo, tiling decisions, prototype export."""
+"""The `attnres-ge` command: demo, training comparison, tiling decisions, prototype export."""
 
 from __future__ import annotations
 
@@ -19,9 +19,20 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def cmd_demo(args) -> int:
-    from .examples.eager_check import main
+    """The main job: one layer checked against float64, then eager and graph training side by side."""
+    from .examples import eager_check, train
 
-    return main()
+    status = eager_check.main()
+    print()
+    train.main(["--steps", str(args.steps)])
+    return status
+
+
+def cmd_train(args) -> int:
+    from .examples import train
+
+    train.main(["--steps", str(args.steps), "--seed", str(args.seed)])
+    return 0
 
 
 def cmd_tiling(args) -> int:
@@ -60,8 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="one layer forward+backward in eager mode, checked against float64")
+    demo = commands.add_parser("demo", help="one layer checked against float64, then eager vs graph training")
+    demo.add_argument("--steps", type=int, default=8, help="training steps per mode")
     demo.set_defaults(run=cmd_demo)
+
+    train = commands.add_parser("train", help="train the example model in eager and graph mode, side by side")
+    train.add_argument("--steps", type=int, default=8)
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(run=cmd_train)
 
     tiling = commands.add_parser("tiling", help="print the tiling decision for one shape")
     tiling.add_argument("--op", choices=("forward", "backward"), required=True)
