@@ -16,7 +16,6 @@ import torch
 
 from .platform import PlatformInfo
 from .tiling_base import (
-    CHUNK_TOKENS,
     DTYPE_BYTES,
     CompileInfo,
     TilingRecord,
