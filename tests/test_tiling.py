@@ -24,18 +24,20 @@ FAKE_ASCEND = PlatformProfile("fake-ascend", 48, 196608)
 TINY = PlatformProfile("tiny", 3, 4096)
 
 
+def as_platform(profile_or_platform) -> PlatformInfo:
+    if isinstance(profile_or_platform, PlatformInfo):
+        return profile_or_platform
+    return PlatformInfo(profile_or_platform)
+
+
 def forward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, need_backward=True, strict=False):
-    platform = (
-        profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(profile_or_platform)
-    )
+    platform = as_platform(profile_or_platform)
     info = forward_tiling.parse(platform)
     return forward_tiling.tiling(info, tokens, blocks, hidden, dtype, 1e-6, need_backward, platform, strict=strict)
 
 
 def backward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, strict=False):
-    platform = (
-        profile_or_platform if isinstance(profile_or_platform, PlatformInfo) else PlatformInfo(profile_or_platform)
-    )
+    platform = as_platform(profile_or_platform)
     info = grad_tiling.parse(platform)
     return grad_tiling.tiling(info, tokens, blocks, hidden, dtype, platform, strict=strict)
 
@@ -317,3 +319,19 @@ def test_tiling_parse_never_reads_the_core_count(parse):
     else:
         grad_tiling.tiling(info, 8, 2, 32, torch.float32, filled)
     assert "core_num" in filled.reads, "Tiling is where the core count is read"
+
+
+# The serialized tiling data a kernel reads, pinned byte for byte (48 cores, 196608-byte UB, T=4096 N=8 H=2048 fp32).
+GOLDEN_BYTES = {
+    "forward": "0010000000000000080000000000000009000000000000000008000000000000300000000000000010000000000000005600"
+    "000000000000550000000000000002000000000000000008000000000000010000000000000000080000000000000100000000000000bd378635",
+    "backward": "00100000000000000800000000000000090000000000000000080000000000003000000000000000100000000000000002"
+    "00000000000000010000000000000040000000000000004000000000000000010000000000000020060000000000000200000000000000e0010"
+    "00000000000",
+}
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_golden_tiling_bytes(op):
+    tile = forward if op == "forward" else backward
+    assert tile(FAKE_ASCEND, 4096, 8, 2048).data.to_bytes().hex() == GOLDEN_BYTES[op]
