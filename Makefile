@@ -1,19 +1,31 @@
 # attnres-ge: the two commands a newcomer runs (see README.md).
 #   make demo  - set everything up, then run the main job
-#   make test  - set everything up, then run the whole test suite
+#   make test  - set everything up, then run the whole test suite (main suite + torchair interop tier)
 PYTHON ?= python3
 VENV := .venv
+INTEROP_VENV := .venv-interop
 # torch is pinned: pip takes this CPU build from local disk on our machines; an unpinned
-# resolver may download a multi-GB CUDA build.
+# resolver may download a multi-GB CUDA build. torch_npu 2.13.0 pins the same torch.
 TORCH := torch==2.13.0
+TORCH_NPU := torch_npu==2.13.0
 
-.PHONY: demo test test-main setup clean
+.PHONY: demo test test-main test-interop setup clean
 
-$(VENV)/.installed: pyproject.toml
+# --no-build-isolation: the native kernels are built against the torch installed just before.
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
 	$(VENV)/bin/pip install --quiet $(TORCH)
 	$(VENV)/bin/pip install --quiet --no-build-isolation -e '.[test]'
+	touch $@
+
+# The interop tier's own environment: installing torch_npu makes `import torch` fail unless
+# TORCH_DEVICE_BACKEND_AUTOLOAD=0, so it never shares the main one. torch_npu comes from PyPI.
+$(INTEROP_VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(INTEROP_VENV)
+	$(INTEROP_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
+	$(INTEROP_VENV)/bin/pip install --quiet $(TORCH) $(TORCH_NPU) "protobuf>=6.31.1,<8" packaging pytest
+	$(INTEROP_VENV)/bin/pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 
 setup: $(VENV)/.installed
@@ -24,7 +36,19 @@ demo: setup
 test-main: setup
 	$(VENV)/bin/python -m pytest tests --ignore=tests/interop -q
 
-test: test-main
+# Without network (torch_npu cannot be installed) the tier is skipped with a message,
+# except in CI, where it must run.
+test-interop:
+	@if $(MAKE) --no-print-directory $(INTEROP_VENV)/.installed; then \
+		TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(INTEROP_VENV)/bin/python -m pytest tests/interop \
+			--confcutdir=tests/interop -q -p no:logging; \
+	elif [ -n "$$CI" ]; then \
+		echo "interop tier: could not install $(TORCH_NPU); CI must run this tier" >&2; exit 1; \
+	else \
+		echo "interop tier SKIPPED: could not install $(TORCH_NPU) (no network?); it runs in CI"; \
+	fi
+
+test: test-main test-interop
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(INTEROP_VENV) build *.egg-info

@@ -1,0 +1,172 @@
+// Native CPU kernel of BlockAttentionResiduals (the forward), executing a ForwardTilingData.
+//
+// Per core (an OpenMP thread), per block of `tokens_per_loop` tokens of its range:
+//   pass 1, token by token, over the hidden tiles: for all N+1 rows at once the
+//           lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax
+//   pass 2, token by token, over the hidden tiles: hidden_states = sum_i p_i v_i
+// The tiling sizes the block so that its rows fit in the core's buffer (on the
+// host: its L2), so pass 2 reads them from cache: the inputs cross the memory
+// bus once. No [T, N+1, H] temporary exists; per thread there are only
+// [tokens_per_loop, N+1] scalars and N+1 lane pairs.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attnres_native.h"
+
+namespace attnres {
+namespace {
+
+// hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
+// next_rows (or null): the rows of the token this core takes up a block later; their
+// lines at h are prefetched, so the memory reads of the next block overlap this
+// pass's arithmetic (pass 2 reads only from cache).
+template <int G, bool kStream, typename T>
+inline void weighted_sum_groups(const T* const* rows, const T* const* next_rows, const float* p, int64_t row_num,
+                                int64_t h, T* out) {
+  constexpr int64_t kLines = (G * kLanes * sizeof(T) + 63) / 64;
+  V16 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = vzero();
+  for (int64_t i = 0; i < row_num; ++i) {
+    if (next_rows != nullptr) {
+      for (int64_t line = 0; line < kLines; ++line) prefetch(next_rows[i] + h + line * (64 / sizeof(T)));
+    }
+    const V16 pi = vset(p[i]);
+    for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
+  }
+  for (int g = 0; g < G; ++g) {
+    if (kStream) {
+      vstream(out + h + g * kLanes, acc[g]);
+    } else {
+      vstore(out + h + g * kLanes, acc[g]);
+    }
+  }
+}
+
+// The same for the last, partial group of n < 16 elements.
+template <typename T>
+inline void weighted_sum_partial(const T* const* rows, const float* p, int64_t row_num, int64_t h, int64_t n, T* out) {
+  V16 acc = vzero();
+  for (int64_t i = 0; i < row_num; ++i) acc = vfma(vset(p[i]), vload_partial(rows[i] + h, n), acc);
+  vstore_partial(out + h, acc, n);
+}
+
+template <bool kStream, typename T>
+inline void weighted_sum_tile(const T* const* rows, const T* const* next_rows, const float* p, int64_t row_num,
+                              int64_t h0, int64_t h1, T* out) {
+  int64_t h = h0;
+  // Four groups at a time: 8 independent accumulator registers hide the FMA latency.
+  for (; h + 4 * kLanes <= h1; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, next_rows, p, row_num, h, out);
+  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, next_rows, p, row_num, h, out);
+  if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
+}
+
+// inv_norm and probs of one token's rows from their reduced sums (scalar code, the same for every token).
+inline void norms_and_softmax(const V16* square_lanes, const V16* score_lanes, int64_t row_num, int64_t hidden,
+                              float norm_eps, float* inv_norm, float* probs) {
+  float max_score = -INFINITY;
+  for (int64_t i = 0; i < row_num; ++i) {
+    const float mean_square = lane_sum(square_lanes[i]) / static_cast<float>(hidden);
+    inv_norm[i] = 1.0f / std::sqrt(mean_square + norm_eps);
+    probs[i] = inv_norm[i] * lane_sum(score_lanes[i]);  // the score, for now
+    if (probs[i] > max_score) max_score = probs[i];
+  }
+  double total = 0.0;  // rows in order
+  for (int64_t i = 0; i < row_num; ++i) {
+    probs[i] = expf(probs[i] - max_score);
+    total += probs[i];
+  }
+  for (int64_t i = 0; i < row_num; ++i) probs[i] = static_cast<float>(probs[i] / total);
+}
+
+template <typename T>
+void forward_impl(const ForwardArgs& args) {
+  const T* partial_block = static_cast<const T*>(args.partial_block);  // [T, H]
+  const T* block_res = static_cast<const T*>(args.block_res);          // [T, N, H]
+  T* hidden_states = static_cast<T*>(args.hidden_states);              // [T, H]
+  const int64_t blocks = args.blocks, rows = args.blocks + 1, hidden = args.hidden;
+  const int64_t block_tokens = args.tokens_per_loop;
+  const HiddenTiles tiles = args.tiles;
+
+  std::vector<float> w(padded_hidden(hidden));  // [H_pad] score weight, lane layout of T
+  score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden, w.data());
+  const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
+
+#pragma omp parallel num_threads(static_cast<int>(args.used_core_num)) if (args.used_core_num > 1)
+  {
+    std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] rows of the block's tokens
+    std::vector<float> inv_norm(block_tokens * rows);     // [B, N+1]
+    std::vector<float> probs(block_tokens * rows);        // [B, N+1]
+    std::vector<V16> square_lanes(rows), score_lanes(rows);  // [N+1] lanes of the token in pass 1
+    std::vector<const T*> next_rows(rows);                   // [N+1] rows to prefetch
+    // If the runtime gives fewer threads than cores, a thread takes several cores' ranges.
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    for (int64_t core = thread; core < args.used_core_num; core += threads) {
+      int64_t start, stop;
+      core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
+      for (int64_t t0 = start; t0 < stop; t0 += block_tokens) {
+        const int64_t t1 = std::min(t0 + block_tokens, stop);
+        // Pass 1: lanes carried across the hidden tiles, reduced once per row.
+        for (int64_t t = t0; t < t1; ++t) {
+          const T** token_rows = row_ptrs.data() + (t - t0) * rows;
+          for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
+          for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = vzero();
+          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+            dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
+                                 tiles.end(tile), square_lanes.data(), score_lanes.data());
+          }
+          norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
+                            inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows);
+        }
+        // Pass 2: the weighted sum, rows still in cache.
+        for (int64_t t = t0; t < t1; ++t) {
+          const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
+          const float* p = probs.data() + (t - t0) * rows;
+          const bool prefetch_next = t + block_tokens < stop;  // the same place in this core's next block
+          if (prefetch_next) {
+            for (int64_t i = 0; i < rows; ++i) {
+              next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
+            }
+          }
+          const T* const* next = prefetch_next ? next_rows.data() : nullptr;
+          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+            if (stream) {
+              weighted_sum_tile<true>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
+                                      hidden_states + t * hidden);
+            } else {
+              weighted_sum_tile<false>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
+                                       hidden_states + t * hidden);
+            }
+          }
+        }
+        if (args.inv_norm != nullptr) {
+          std::memcpy(args.inv_norm + t0 * rows, inv_norm.data(), (t1 - t0) * rows * sizeof(float));
+          std::memcpy(args.probs + t0 * rows, probs.data(), (t1 - t0) * rows * sizeof(float));
+        }
+      }
+    }
+    if (stream) stream_fence();  // this thread's streaming stores are visible before the region ends
+  }
+}
+
+}  // namespace
+
+void block_attention_residuals_forward(const ForwardArgs& args) {
+  switch (args.dtype) {
+    case DType::kFloat32:
+      forward_impl<float>(args);
+      break;
+    case DType::kFloat16:
+      forward_impl<FP16>(args);
+      break;
+    case DType::kBFloat16:
+      forward_impl<BF16>(args);
+      break;
+  }
+}
+
+}  // namespace attnres

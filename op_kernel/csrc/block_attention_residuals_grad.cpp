@@ -1,0 +1,262 @@
+// Native CPU kernel of BlockAttentionResidualsGrad (the backward), executing a BackwardTilingData.
+//
+// With go = grad_hidden_states, p = probs, r = inv_norm, w = norm_weight * proj_weight:
+// per core (an OpenMP thread), per chunk of CHUNK_TOKENS tokens of its chunk range,
+// per block of `tokens_per_loop` tokens:
+//   pass 1, token by token, over the hidden tiles: lanes of g = sum_h go * v and
+//           wv = sum_h w * v for all N+1 rows  ->  gs = p (g - sum_j p_j g_j),
+//           a = gs r, c = gs wv r^3 / H
+//   pass 2, token by token, over the hidden tiles, rows still in cache:
+//           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
+//           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
+// The chunk row is the chunk's float32 workspace row [H]. After the parallel
+// region the chunk rows are summed in chunk order, so the weight gradients have
+// the same bits for any core split; per element the input gradients are a fixed
+// sequence of operations, so they do too.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "attnres_native.h"
+
+namespace attnres {
+namespace {
+
+// Per-token row coefficients, [N+1] each.
+struct RowCoefficients {
+  float* p;  // probs
+  float* a;  // gs * r
+  float* c;  // gs * wv * r^3 / H
+};
+
+// K rows i = r0 .. r0+K-1 of one token over hidden [h0, h1):
+//   gv_i[h] = go[h] p_i + a_i w[h] - c_i v_i[h]     (written to the gradient rows)
+//   chunk_row[h] += a_i v_i[h]                       (rows in order)
+// go, w and chunk_row are float buffers in the lane layout of T, zero padded.
+// The caller walks rows in order, so every chunk_row element adds tokens then rows
+// in order whatever the tiling or K. A few rows at a time keep the chunk row's
+// loads and stores few, and the write streams few (streaming stores lose their
+// benefit when one thread interleaves many write streams).
+template <int K, bool kStream, typename T>
+inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, const T* next_go,
+                      const RowCoefficients& k, int64_t r0, const float* go, const float* w, float* chunk_row,
+                      int64_t h0, int64_t h1) {
+  // Groups per step: a whole 64-byte line of each gradient row before moving to the
+  // next row, so that streaming stores always fill complete lines.
+  constexpr int kGroups = sizeof(T) == 2 ? 2 : 1;
+  V16 p_v[K], a_v[K], neg_c[K];
+  for (int j = 0; j < K; ++j) {
+    p_v[j] = vset(k.p[r0 + j]);
+    a_v[j] = vset(k.a[r0 + j]);
+    neg_c[j] = vset(-k.c[r0 + j]);
+  }
+  int64_t h = h0;
+  for (; h + kGroups * kLanes <= h1; h += kGroups * kLanes) {
+    V16 go_v[kGroups], w_v[kGroups], acc[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      go_v[g] = vload(go + h + g * kLanes);
+      w_v[g] = vload(w + h + g * kLanes);
+      acc[g] = vload(chunk_row + h + g * kLanes);
+    }
+    if (next_v != nullptr) {  // one 64-byte line of each row per step (fp32: 1 group, 16-bit: 2)
+      if (r0 == 0) prefetch(next_go + h);
+      for (int j = 0; j < K; ++j) prefetch(next_v[r0 + j] + h);
+    }
+    for (int j = 0; j < K; ++j) {
+      for (int g = 0; g < kGroups; ++g) {
+        const int64_t at = h + g * kLanes;
+        const V16 value = vload(v[r0 + j] + at);
+        const V16 grad = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
+        if (kStream) {
+          vstream(gv[r0 + j] + at, grad);
+        } else {
+          vstore(gv[r0 + j] + at, grad);
+        }
+        acc[g] = vfma(a_v[j], value, acc[g]);
+      }
+    }
+    for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
+  }
+  for (; h < h1; h += kLanes) {  // a single group left over, possibly the last, partial one (h1 == H)
+    const int64_t n = std::min(kLanes, h1 - h);
+    const V16 go_v = vload(go + h), w_v = vload(w + h);
+    V16 acc = vload(chunk_row + h);
+    for (int j = 0; j < K; ++j) {
+      const V16 value = n == kLanes ? vload(v[r0 + j] + h) : vload_partial(v[r0 + j] + h, n);
+      const V16 grad = vfma(neg_c[j], value, vfma(a_v[j], w_v, vmul(go_v, p_v[j])));
+      if (n == kLanes) {
+        vstore(gv[r0 + j] + h, grad);
+      } else {
+        vstore_partial(gv[r0 + j] + h, grad, n);
+      }
+      acc = vfma(a_v[j], value, acc);
+    }
+    vstore(chunk_row + h, acc);
+  }
+}
+
+// next_rows, next_go (or null): the token this core takes up a block later; its lines
+// are prefetched so that the next block's memory reads overlap this pass's arithmetic.
+template <bool kStream, typename T>
+inline void grad_tile(const T* const* rows, T* const* grads, const T* const* next_rows, const T* next_go,
+                      int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
+                      int64_t h0, int64_t h1) {
+  constexpr int kRows = 2;  // 2, 3 and 4 measured within noise of each other; 1 is slower
+  int64_t i = 0;
+  for (; i + kRows <= row_num; i += kRows) {
+    grad_rows<kRows, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
+  }
+  for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
+}
+
+// a and c of one token's rows from the reduced sums (scalar code, the same for every token).
+inline void row_coefficients(const V16* g_lanes, const V16* wv_lanes, const float* inv_norm, int64_t row_num,
+                             int64_t hidden, const RowCoefficients& k, float* g) {
+  double pg = 0.0;  // sum_j p_j g_j, rows in order
+  for (int64_t i = 0; i < row_num; ++i) {
+    g[i] = lane_sum(g_lanes[i]);
+    pg += static_cast<double>(k.p[i]) * g[i];
+  }
+  for (int64_t i = 0; i < row_num; ++i) {
+    const double r = inv_norm[i];
+    const double gs = k.p[i] * (g[i] - pg);
+    k.a[i] = static_cast<float>(gs * r);
+    k.c[i] = static_cast<float>(gs * lane_sum(wv_lanes[i]) * r * r * r / static_cast<double>(hidden));
+  }
+}
+
+template <typename T>
+void backward_impl(const BackwardArgs& args) {
+  const T* partial_block = static_cast<const T*>(args.partial_block);  // [T, H]
+  const T* block_res = static_cast<const T*>(args.block_res);          // [T, N, H]
+  const T* grad_hidden = static_cast<const T*>(args.grad_hidden_states);  // [T, H]
+  T* grad_partial = static_cast<T*>(args.grad_partial_block);          // [T, H]
+  T* grad_blocks = static_cast<T*>(args.grad_block_res);               // [T, N, H]
+  const int64_t blocks = args.blocks, rows = args.blocks + 1, hidden = args.hidden;
+  const int64_t block_tokens = args.tokens_per_loop;
+  const HiddenTiles tiles = args.tiles;
+  const T* proj_weight = static_cast<const T*>(args.proj_weight);
+  const T* norm_weight = static_cast<const T*>(args.norm_weight);
+
+  const int64_t hidden_pad = padded_hidden(hidden);
+  std::vector<float> w(hidden_pad);  // [H_pad] score weight, lane layout of T
+  score_weight(norm_weight, proj_weight, hidden, w.data());
+  const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
+                      (blocks == 0 || can_stream<T>(grad_blocks, hidden));
+  const int threads_wanted = static_cast<int>(args.used_core_num);
+
+#pragma omp parallel num_threads(threads_wanted) if (threads_wanted > 1)
+  {
+    std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] value rows of the block's tokens
+    std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
+    std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
+    std::vector<float> g(rows);                                 // [N+1] scratch
+    std::vector<float> go(hidden_pad);         // [H_pad] grad_hidden_states[t] as float32, lane layout of T
+    std::vector<float> chunk_sum(hidden_pad);  // [H_pad] the chunk's weight-gradient row, lane layout of T
+    std::vector<V16> g_lanes(rows), wv_lanes(rows);             // [N+1] lanes of the token in pass 1
+    std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    for (int64_t core = thread; core < args.used_core_num; core += threads) {
+      int64_t first, last;
+      core_range(core, args.former_core_num, args.former_core_chunks, args.tail_core_chunks, &first, &last);
+      const int64_t core_stop = std::min(last * args.chunk_tokens, args.tokens);  // this core's last token + 1
+      for (int64_t chunk = first; chunk < last; ++chunk) {
+        std::fill(chunk_sum.begin(), chunk_sum.end(), 0.0f);
+        const int64_t chunk_stop = std::min((chunk + 1) * args.chunk_tokens, args.tokens);
+        for (int64_t t0 = chunk * args.chunk_tokens; t0 < chunk_stop; t0 += block_tokens) {
+          const int64_t t1 = std::min(t0 + block_tokens, chunk_stop);
+          // Pass 1: lanes carried across the hidden tiles, reduced once per row.
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t b = t - t0;
+            const T** token_rows = row_ptrs.data() + b * rows;
+            T** token_grads = grad_ptrs.data() + b * rows;
+            for (int64_t i = 0; i < rows; ++i) {
+              token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
+              token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
+            }
+            for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = vzero();
+            to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
+            for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+              dot_lanes_rows<false>(token_rows, rows, go.data(), w.data(), tiles.begin(tile), tiles.end(tile),
+                                    g_lanes.data(), wv_lanes.data());
+            }
+            const RowCoefficients k{coefficients.data() + b * rows,
+                                    coefficients.data() + (block_tokens + b) * rows,
+                                    coefficients.data() + (2 * block_tokens + b) * rows};
+            std::memcpy(k.p, args.probs + t * rows, rows * sizeof(float));
+            row_coefficients(g_lanes.data(), wv_lanes.data(), args.inv_norm + t * rows, rows, hidden, k, g.data());
+          }
+          // Pass 2: input gradients and the chunk row, token by token (the chunk row's order).
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t b = t - t0;
+            const RowCoefficients k{coefficients.data() + b * rows,
+                                    coefficients.data() + (block_tokens + b) * rows,
+                                    coefficients.data() + (2 * block_tokens + b) * rows};
+            const T* const* token_rows = row_ptrs.data() + b * rows;
+            T* const* token_grads = grad_ptrs.data() + b * rows;
+            to_lane_layout(grad_hidden + t * hidden, hidden, go.data());  // again: pass 1 saw other tokens since
+            const int64_t next_t = t + block_tokens;  // the same place in this core's next block
+            const bool prefetch_next = next_t < core_stop;
+            if (prefetch_next) {
+              for (int64_t i = 0; i < rows; ++i) next_rows[i] = value_row(block_res, partial_block, next_t, i, blocks, hidden);
+            }
+            const T* const* next = prefetch_next ? next_rows.data() : nullptr;
+            const T* next_go = prefetch_next ? grad_hidden + next_t * hidden : nullptr;
+            for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+              if (stream) {
+                grad_tile<true>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+                                chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
+              } else {
+                grad_tile<false>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+                                 chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
+              }
+            }
+          }
+        }
+        // The chunk's row, in natural order, into its workspace row [H].
+        from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
+      }
+    }
+    if (stream) stream_fence();
+  }
+
+  // Weight gradients: chunk rows summed in chunk order (float64), per hidden column.
+  T* grad_proj = static_cast<T*>(args.grad_proj_weight);  // [H]
+  T* grad_norm = static_cast<T*>(args.grad_norm_weight);  // [H]
+  constexpr int64_t kColumns = 256;
+  const int64_t column_blocks = (hidden + kColumns - 1) / kColumns;
+#pragma omp parallel for num_threads(threads_wanted) if (threads_wanted > 1 && args.chunk_num > 1) schedule(static)
+  for (int64_t cb = 0; cb < column_blocks; ++cb) {
+    const int64_t h0 = cb * kColumns, width = std::min(kColumns, hidden - h0);
+    double sums[kColumns] = {};
+    for (int64_t chunk = 0; chunk < args.chunk_num; ++chunk) {
+      const float* chunk_row = args.chunk_rows + chunk * hidden + h0;
+      for (int64_t j = 0; j < width; ++j) sums[j] += chunk_row[j];
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      grad_norm[h0 + j] = from_float<T>(static_cast<float>(sums[j] * to_float(proj_weight[h0 + j])));
+      grad_proj[h0 + j] = from_float<T>(static_cast<float>(sums[j] * to_float(norm_weight[h0 + j])));
+    }
+  }
+}
+
+}  // namespace
+
+void block_attention_residuals_backward(const BackwardArgs& args) {
+  switch (args.dtype) {
+    case DType::kFloat32:
+      backward_impl<float>(args);
+      break;
+    case DType::kFloat16:
+      backward_impl<FP16>(args);
+      break;
+    case DType::kBFloat16:
+      backward_impl<BF16>(args);
+      break;
+  }
+}
+
+}  // namespace attnres

@@ -1,0 +1,189 @@
+// Python bindings of the native kernels: module attnres_ge.op_kernel._native.
+//
+// Plain Python C API, no torch or pybind11 headers: those would take a minute of
+// the install's build time for what is a handful of integers per call. The
+// Python wrappers (op_kernel/native.py) check every tensor (device, dtype,
+// contiguity, element count against the tiling record) and pass data pointers;
+// this module checks that the record deals out exactly the tokens (chunks) and
+// tiles exactly the hidden size, so that the kernels, which walk the record,
+// stay inside the buffers the wrappers checked. It is private: call it only
+// through the wrappers.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attnres_native.h"
+
+namespace {
+
+// "" when the record covers `items` and `hidden` exactly, else what is wrong.
+std::string tiling_problem(int64_t items, int64_t hidden, int64_t used, int64_t former_num, int64_t former_len,
+                           int64_t tail_len, int64_t tokens_per_loop, const attnres::HiddenTiles& tiles) {
+  if (used < 1 || former_num < 0 || former_num > used || former_len < 0 || tail_len < 0) {
+    return "bad core split: used_core_num=" + std::to_string(used) + ", former_core_num=" + std::to_string(former_num);
+  }
+  if (former_num * former_len + (used - former_num) * tail_len != items) {
+    return "the core split does not cover " + std::to_string(items) + " items exactly";
+  }
+  if (tokens_per_loop < 1) return "tokens_per_loop must be >= 1, got " + std::to_string(tokens_per_loop);
+  if (tiles.h_tile_num < 1 || tiles.h_last_tile < 1 || tiles.h_last_tile > tiles.h_tile ||
+      (tiles.h_tile_num > 1 && tiles.h_tile % attnres::kLanes != 0) ||
+      (tiles.h_tile_num - 1) * tiles.h_tile + tiles.h_last_tile != hidden) {
+    return "hidden tiles h_tile=" + std::to_string(tiles.h_tile) + ", h_tile_num=" + std::to_string(tiles.h_tile_num) +
+           ", h_last_tile=" + std::to_string(tiles.h_last_tile) + " do not tile H=" + std::to_string(hidden) +
+           " with starts at multiples of " + std::to_string(attnres::kLanes);
+  }
+  return "";
+}
+
+bool dtype_from_code(int code, attnres::DType* dtype) {
+  if (code < 0 || code > 2) {
+    PyErr_Format(PyExc_ValueError, "attnres native kernel: unknown dtype code %d", code);
+    return false;
+  }
+  *dtype = static_cast<attnres::DType>(code);
+  return true;
+}
+
+template <typename P>
+P* pointer(unsigned long long address) {
+  return reinterpret_cast<P*>(static_cast<uintptr_t>(address));
+}
+
+// forward(dtype_code, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs,
+//         tokens, blocks, hidden, used_core_num, former_core_num, former_core_tokens, tail_core_tokens,
+//         tokens_per_loop, h_tile, h_tile_num, h_last_tile, norm_eps, stream_stores)
+// Pointers are data addresses; inv_norm and probs are 0 when the statistics are not wanted.
+PyObject* forward(PyObject*, PyObject* args) {
+  int dtype_code, stream_stores;
+  unsigned long long partial, blocks_ptr, proj, norm, hidden_states, inv_norm, probs;
+  long long tokens, blocks, hidden, used, former_num, former_tokens, tail_tokens, tokens_per_loop, h_tile,
+      h_tile_num, h_last_tile;
+  double norm_eps;
+  if (!PyArg_ParseTuple(args, "iKKKKKKKLLLLLLLLLLLdp", &dtype_code, &partial, &blocks_ptr, &proj, &norm,
+                        &hidden_states, &inv_norm, &probs, &tokens, &blocks, &hidden, &used, &former_num,
+                        &former_tokens, &tail_tokens, &tokens_per_loop, &h_tile, &h_tile_num, &h_last_tile, &norm_eps,
+                        &stream_stores)) {
+    return nullptr;
+  }
+  attnres::ForwardArgs a{};
+  if (!dtype_from_code(dtype_code, &a.dtype)) return nullptr;
+  a.tiles = {h_tile, h_tile_num, h_last_tile};
+  const std::string problem =
+      tiling_problem(tokens, hidden, used, former_num, former_tokens, tail_tokens, tokens_per_loop, a.tiles);
+  if (!problem.empty()) {
+    PyErr_Format(PyExc_ValueError, "BlockAttentionResiduals native kernel: %s", problem.c_str());
+    return nullptr;
+  }
+  if ((inv_norm == 0) != (probs == 0)) {
+    PyErr_SetString(PyExc_ValueError, "BlockAttentionResiduals native kernel: inv_norm and probs go together");
+    return nullptr;
+  }
+  a.partial_block = pointer<const void>(partial);
+  a.block_res = pointer<const void>(blocks_ptr);
+  a.proj_weight = pointer<const void>(proj);
+  a.norm_weight = pointer<const void>(norm);
+  a.hidden_states = pointer<void>(hidden_states);
+  a.inv_norm = pointer<float>(inv_norm);
+  a.probs = pointer<float>(probs);
+  a.tokens = tokens;
+  a.blocks = blocks;
+  a.hidden = hidden;
+  a.used_core_num = used;
+  a.former_core_num = former_num;
+  a.former_core_tokens = former_tokens;
+  a.tail_core_tokens = tail_tokens;
+  a.tokens_per_loop = tokens_per_loop;
+  a.norm_eps = static_cast<float>(norm_eps);
+  a.stream_stores = stream_stores != 0;
+  if (tokens > 0) {
+    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a);
+    Py_END_ALLOW_THREADS
+  }
+  Py_RETURN_NONE;
+}
+
+// backward(dtype_code, partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
+//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace,
+//          tokens, blocks, hidden, used_core_num, former_core_num, former_core_chunks, tail_core_chunks,
+//          chunk_tokens, chunk_num, tokens_per_loop, h_tile, h_tile_num, h_last_tile, stream_stores)
+PyObject* backward(PyObject*, PyObject* args) {
+  int dtype_code, stream_stores;
+  unsigned long long partial, blocks_ptr, proj, norm, grad_hidden, inv_norm, probs, grad_partial, grad_blocks,
+      grad_proj, grad_norm, workspace;
+  long long tokens, blocks, hidden, used, former_num, former_chunks, tail_chunks, chunk_tokens, chunk_num,
+      tokens_per_loop, h_tile, h_tile_num, h_last_tile;
+  if (!PyArg_ParseTuple(args, "iKKKKKKKKKKKKLLLLLLLLLLLLLp", &dtype_code, &partial, &blocks_ptr, &proj, &norm,
+                        &grad_hidden, &inv_norm, &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm,
+                        &workspace, &tokens, &blocks, &hidden, &used, &former_num, &former_chunks, &tail_chunks,
+                        &chunk_tokens, &chunk_num, &tokens_per_loop, &h_tile, &h_tile_num, &h_last_tile,
+                        &stream_stores)) {
+    return nullptr;
+  }
+  attnres::BackwardArgs a{};
+  if (!dtype_from_code(dtype_code, &a.dtype)) return nullptr;
+  a.tiles = {h_tile, h_tile_num, h_last_tile};
+  std::string problem =
+      tiling_problem(chunk_num, hidden, used, former_num, former_chunks, tail_chunks, tokens_per_loop, a.tiles);
+  if (problem.empty() && (chunk_tokens < 1 || chunk_num != (tokens + chunk_tokens - 1) / chunk_tokens)) {
+    problem = "chunk_num " + std::to_string(chunk_num) + " does not match " + std::to_string(tokens) +
+              " tokens in chunks of " + std::to_string(chunk_tokens);
+  }
+  if (!problem.empty()) {
+    PyErr_Format(PyExc_ValueError, "BlockAttentionResidualsGrad native kernel: %s", problem.c_str());
+    return nullptr;
+  }
+  a.partial_block = pointer<const void>(partial);
+  a.block_res = pointer<const void>(blocks_ptr);
+  a.proj_weight = pointer<const void>(proj);
+  a.norm_weight = pointer<const void>(norm);
+  a.grad_hidden_states = pointer<const void>(grad_hidden);
+  a.inv_norm = pointer<const float>(inv_norm);
+  a.probs = pointer<const float>(probs);
+  a.grad_partial_block = pointer<void>(grad_partial);
+  a.grad_block_res = pointer<void>(grad_blocks);
+  a.grad_proj_weight = pointer<void>(grad_proj);
+  a.grad_norm_weight = pointer<void>(grad_norm);
+  a.chunk_rows = pointer<float>(workspace);
+  a.tokens = tokens;
+  a.blocks = blocks;
+  a.hidden = hidden;
+  a.used_core_num = used;
+  a.former_core_num = former_num;
+  a.former_core_chunks = former_chunks;
+  a.tail_core_chunks = tail_chunks;
+  a.chunk_tokens = chunk_tokens;
+  a.chunk_num = chunk_num;
+  a.tokens_per_loop = tokens_per_loop;
+  a.stream_stores = stream_stores != 0;
+  Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_backward(a);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kMethods[] = {
+    {"forward", forward, METH_VARARGS, "BlockAttentionResiduals kernel (call through op_kernel.native)"},
+    {"backward", backward, METH_VARARGS, "BlockAttentionResidualsGrad kernel (call through op_kernel.native)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_native", "Native CPU kernels of Block AttnRes (private: use op_kernel.native)", -1,
+    kMethods,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native() {
+  PyObject* module = PyModule_Create(&kModule);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddStringConstant(module, "VECTOR_PATH", attnres::vector_path() ? "avx2+fma+f16c" : "portable") < 0 ||
+      PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

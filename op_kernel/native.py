@@ -1,0 +1,125 @@
+"""The native (C++/OpenMP) kernels, with the same signatures as the Python kernels.
+
+`_native` is the extension built at install time from op_kernel/csrc (see setup.py);
+importing this module raises ImportError when it was not built. The wrappers check
+every tensor against the tiling record (CPU, dtype, contiguity, element count) and
+hand data pointers and the record's fields to C++, which checks that the record
+covers the tokens and the hidden size exactly before the kernel walks it.
+
+Streaming (non-temporal) stores write an output without first reading its cache
+lines (no read-for-ownership). They are off by default: on the 2-core AMD EPYC VM
+this was tuned on they made the float32 backward 10-20% faster in some processes
+and 2-2.5x slower in others (after the forward kernel and large torch copies had
+run interleaved; not understood), and slowed the 16-bit backward by about 10%.
+ATTNRES_GE_STREAM_MIN_BYTES=N turns them on for outputs of at least N bytes
+(4-byte outputs only in the backward), to measure on another machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..op_host.block_attention_residuals_grad_tiling import BackwardTilingData
+from ..op_host.block_attention_residuals_tiling import ForwardTilingData
+from . import _native
+
+STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
+STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 1 << 62))  # default: never
+VECTOR_PATH: str = _native.VECTOR_PATH
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # attnres::DType
+
+
+def _address(tensor: torch.Tensor, name: str, dtype: torch.dtype, numel: int) -> int:
+    """The data address of `tensor` once it is a contiguous CPU tensor of `numel` `dtype` elements."""
+    if tensor.device.type != "cpu" or tensor.dtype != dtype or not tensor.is_contiguous() or tensor.numel() != numel:
+        raise ValueError(
+            f"native kernel: {name} must be a contiguous CPU {dtype} tensor of {numel} elements, got "
+            f"{tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+            + ("" if tensor.is_contiguous() else " (not contiguous)")
+        )
+    return tensor.data_ptr()
+
+
+def _dtype_code(tensor: torch.Tensor) -> int:
+    try:
+        return DTYPE_CODES[tensor.dtype]
+    except KeyError:
+        raise ValueError(f"native kernel: dtype must be float32, float16 or bfloat16, got {tensor.dtype}") from None
+
+
+def block_attention_residuals_native(
+    partial_block: torch.Tensor,  # [T, H]
+    block_res: torch.Tensor,  # [T, N, H]
+    proj_weight: torch.Tensor,  # [1, H] or [H]
+    norm_weight: torch.Tensor,  # [H]
+    hidden_states: torch.Tensor,  # [T, H] out, dtype of partial_block
+    inv_norm: torch.Tensor,  # [T, N+1] float32 out when need_backward, else [0]
+    probs: torch.Tensor,  # [T, N+1] float32 out when need_backward, else [0]
+    workspace: torch.Tensor,  # unused by the forward
+    tiling: ForwardTilingData,
+) -> None:
+    tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
+    dtype, stats = partial_block.dtype, tokens * (blocks + 1)
+    _native.forward(
+        _dtype_code(partial_block),
+        _address(partial_block, "partial_block", dtype, tokens * hidden),
+        _address(block_res, "block_res", dtype, tokens * blocks * hidden),
+        _address(proj_weight, "proj_weight", dtype, hidden),
+        _address(norm_weight, "norm_weight", dtype, hidden),
+        _address(hidden_states, "hidden_states", dtype, tokens * hidden),
+        _address(inv_norm, "inv_norm", torch.float32, stats) if tiling.need_backward else 0,
+        _address(probs, "probs", torch.float32, stats) if tiling.need_backward else 0,
+        tokens, blocks, hidden,
+        tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
+        tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+        tiling.norm_eps,
+        hidden_states.nbytes >= STREAM_MIN_BYTES,
+    )  # fmt: skip
+
+
+def block_attention_residuals_grad_native(
+    partial_block: torch.Tensor,  # [T, H]
+    block_res: torch.Tensor,  # [T, N, H]
+    proj_weight: torch.Tensor,  # [1, H]
+    norm_weight: torch.Tensor,  # [H]
+    grad_hidden_states: torch.Tensor,  # [T, H]
+    inv_norm: torch.Tensor,  # [T, N+1] float32
+    probs: torch.Tensor,  # [T, N+1] float32
+    grad_partial_block: torch.Tensor,  # [T, H] out
+    grad_block_res: torch.Tensor,  # [T, N, H] out
+    grad_proj_weight: torch.Tensor,  # [1, H] out
+    grad_norm_weight: torch.Tensor,  # [H] out
+    workspace: torch.Tensor,  # uint8, >= chunk_num * H * 4 bytes: chunk rows [chunk_num, H] float32
+    tiling: BackwardTilingData,
+) -> None:
+    tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
+    dtype, stats = partial_block.dtype, tokens * (blocks + 1)
+    chunk_bytes = tiling.chunk_num * hidden * 4
+    if (workspace.device.type != "cpu" or not workspace.is_contiguous() or workspace.nbytes < chunk_bytes
+            or workspace.data_ptr() % 4):
+        raise ValueError(f"native kernel: the workspace must be a contiguous, 4-byte aligned CPU buffer of at least "
+                         f"{chunk_bytes} bytes, got {workspace.nbytes} bytes on {workspace.device}")
+    output_bytes = grad_partial_block.nbytes + grad_block_res.nbytes
+    stream = grad_partial_block.element_size() == 4 and output_bytes >= STREAM_MIN_BYTES
+    _native.backward(
+        _dtype_code(partial_block),
+        _address(partial_block, "partial_block", dtype, tokens * hidden),
+        _address(block_res, "block_res", dtype, tokens * blocks * hidden),
+        _address(proj_weight, "proj_weight", dtype, hidden),
+        _address(norm_weight, "norm_weight", dtype, hidden),
+        _address(grad_hidden_states, "grad_hidden_states", dtype, tokens * hidden),
+        _address(inv_norm, "inv_norm", torch.float32, stats),
+        _address(probs, "probs", torch.float32, stats),
+        _address(grad_partial_block, "grad_partial_block", dtype, tokens * hidden),
+        _address(grad_block_res, "grad_block_res", dtype, tokens * blocks * hidden),
+        _address(grad_proj_weight, "grad_proj_weight", dtype, hidden),
+        _address(grad_norm_weight, "grad_norm_weight", dtype, hidden),
+        workspace.data_ptr(),
+        tokens, blocks, hidden,
+        tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
+        tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
+        tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+        stream,
+    )  # fmt: skip

@@ -1,0 +1,90 @@
+"""Build of the native CPU kernels (attnres_ge.op_kernel._native); the metadata is in pyproject.toml.
+
+The extension is compiled for the machine it is installed on (-march=native) with
+OpenMP, through torch.utils.cpp_extension, so torch must be importable at build time:
+
+    pip install torch==2.13.0
+    pip install --no-build-isolation -e .
+
+It needs no downloads. When torch is not importable, or the compiler fails, the
+install goes on without the extension and the ops run the Python kernels (with one
+warning at first use); rebuild later with the same pip command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from setuptools import setup
+
+NATIVE_MODULE = "attnres_ge.op_kernel._native"
+SOURCES = [
+    "op_kernel/csrc/native_module.cpp",
+    "op_kernel/csrc/block_attention_residuals.cpp",
+    "op_kernel/csrc/block_attention_residuals_grad.cpp",
+]
+CXX_FLAGS = [
+    "-O3",
+    "-march=native",  # compiled for this machine: AVX2/FMA/F16C where it has them
+    "-fopenmp",
+    "-ffp-contract=off",  # only the kernels' explicit fused multiply-adds: fixed rounding
+]
+SKIP_ENV = "ATTNRES_GE_NO_NATIVE"  # set to 1 to install without the native kernels
+
+
+def _say(message: str) -> None:
+    print(f"attnres-ge setup: {message}", file=sys.stderr, flush=True)
+
+
+def _native_build():
+    """(ext_modules, cmdclass) for the native kernels, or ([], {}) when they cannot be built."""
+    if os.environ.get(SKIP_ENV, "0") not in ("", "0"):
+        _say(f"{SKIP_ENV} is set: skipping the native kernels; the Python kernels will be used")
+        return [], {}
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except Exception as error:  # torch missing or broken: not fatal
+        _say(
+            f"torch is not importable at build time ({error!r}): skipping the native kernels; the Python "
+            "kernels will be used. To build them: pip install torch==2.13.0, then "
+            "pip install --no-build-isolation -e ."
+        )
+        return [], {}
+
+    class OptionalBuildExtension(BuildExtension):
+        """BuildExtension that reports and skips a failed native build instead of failing the install."""
+
+        failed: set[str] = set()
+
+        def build_extensions(self):
+            super().build_extensions()
+            # Later steps (copying into the source tree, listing outputs) see only what was built.
+            self.extensions = [ext for ext in self.extensions if ext.name not in self.failed]
+
+        def build_extension(self, ext):
+            started = time.perf_counter()
+            try:
+                super().build_extension(ext)
+            except Exception as error:  # compiler missing, unsupported flag, ...
+                self.failed.add(ext.name)
+                _say(
+                    f"building {ext.name} failed ({error}); installing without it: the Python kernels "
+                    "will be used. Fix the compiler and rerun pip install --no-build-isolation -e ."
+                )
+            else:
+                _say(f"built {ext.name} in {time.perf_counter() - started:.1f} s")
+
+    extension = CppExtension(
+        NATIVE_MODULE,
+        SOURCES,
+        depends=["op_kernel/csrc/attnres_native.h"],  # rebuilt when it changes; shipped in an sdist
+        extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=["-fopenmp"],
+    )
+    return [extension], {"build_ext": OptionalBuildExtension}
+
+
+ext_modules, cmdclass = _native_build()
+setup(ext_modules=ext_modules, cmdclass=cmdclass)
