@@ -14,8 +14,10 @@ The copy moves 2 (N+1) T H elements (the value stack read and written).
 
 Providers:
   op-eager       torch.ops.attnres.* with fresh outputs each call (what eager training runs)
-  op-prealloc    the kernels with outputs and workspace allocated once per shape
-                 (what a graph runtime with planned buffers runs)
+  op-graph       the same ops through torch.compile(backend="attnres_ge"): converter, local GE,
+                 outputs and workspace planned per shape and reused (the graph path)
+  kernel         the kernels alone, outputs and workspace allocated once: the floor both op
+                 paths stand on; op time minus kernel time is the per-call overhead
   torch-eager    the plain formula (concatenate, RMS-norm, softmax, weighted sum) and its autograd
   torch-inductor torch.compile of a concatenation-free formula, forward and autograd backward
 
@@ -42,7 +44,8 @@ SHAPES: dict[str, tuple[int, int, int]] = {  # name -> (T, N, H)
     "T16_N8_H4096": (16, 8, 4096),  # decode-like: per-call overhead dominates
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PROVIDERS = ("op-eager", "op-prealloc", "torch-eager", "torch-inductor")
+PROVIDERS = ("op-eager", "op-graph", "kernel", "torch-eager", "torch-inductor")
+OUR_PROVIDERS = ("op-eager", "op-graph", "kernel")
 NORM_EPS = 1e-6
 
 
@@ -123,7 +126,22 @@ class Case:
                 *self.inputs[:2], self.inputs[2], self.inputs[3], self.grad_hidden, self.inv_norm, self.probs),
         }
 
-    def _op_prealloc(self):
+    def _op_graph(self):
+        ops = torch.ops.attnres
+
+        def forward(partial_block, block_res, proj_weight, norm_weight):
+            return ops.block_attention_residuals(partial_block, block_res, proj_weight, norm_weight, -1, NORM_EPS, True)
+
+        compiled_forward = torch.compile(forward, backend="attnres_ge", fullgraph=True, dynamic=False)
+        compiled_backward = torch.compile(ops.block_attention_residuals_backward.default, backend="attnres_ge",
+                                          fullgraph=True, dynamic=False)
+        stats = (self.grad_hidden, self.inv_norm, self.probs)
+        return {
+            "forward": lambda: compiled_forward(*self.inputs),
+            "backward": lambda: compiled_backward(*self.inputs, *stats),
+        }
+
+    def _kernel(self):
         from .op_host import block_attention_residuals_grad_tiling as grad_tiling
         from .op_host import block_attention_residuals_tiling as forward_tiling
         from .op_host.runtime import default_runtime
@@ -236,6 +254,18 @@ def speedups(results: list[Measurement]) -> list[dict]:
     return rows
 
 
+def call_overheads(results: list[Measurement]) -> list[dict]:
+    """Per-call time of each op path above the bare kernel's (median minus median), in microseconds."""
+    keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results}
+    rows = []
+    for (shape, dtype, direction, provider), measurement in keyed.items():
+        kernel = keyed.get((shape, dtype, direction, "kernel"))
+        if provider in ("op-eager", "op-graph") and kernel is not None:
+            rows.append({"shape": shape, "dtype": dtype, "direction": direction, "provider": provider,
+                         "overhead_us": 1e3 * (measurement.median_ms - kernel.median_ms)})
+    return rows
+
+
 def machine() -> dict:
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
             "machine": host_platform.machine(), "processor": host_platform.processor()}
@@ -308,13 +338,17 @@ def main(argv: list[str] | None = None) -> int:
             results += measure(shape_name, dtype_name, args.providers, rounds)
     ratios = speedups(results)
     for row in ratios:
-        if row["provider"] == "op-eager" or row["provider"] == "op-prealloc":
+        if row["provider"] in OUR_PROVIDERS and row["against"] not in OUR_PROVIDERS:
             print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} "
                   f"{row['speedup']:.2f}x vs {row['against']}")
+    overheads = call_overheads(results)
+    for row in overheads:
+        print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} costs "
+              f"{row['overhead_us']:.1f} us per call above the kernel")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": about, "results": [asdict(m) for m in results], "speedups": ratios}, handle,
-                      indent=1)
+            json.dump({"machine": about, "results": [asdict(m) for m in results], "speedups": ratios,
+                       "overheads": overheads}, handle, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")

@@ -1,4 +1,4 @@
-"""The `attnres-ge` command: demo, training comparison, tiling decisions, prototype export."""
+"""The `attnres-ge` command: demo, training comparison, benchmark, tiling decisions, prototype export."""
 
 from __future__ import annotations
 
@@ -67,6 +67,12 @@ def cmd_export_proto(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from . import bench
+
+    return bench.main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     tiling.add_argument("--norm-eps", type=float, default=1e-6)
     tiling.add_argument("--cold", action="store_true", help="platform handle empty at TilingParse (cold start)")
     tiling.set_defaults(run=cmd_tiling)
+
+    bench = commands.add_parser("bench", help="speed against a paired copy and PyTorch (see attnres-ge bench -h)",
+                                add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=cmd_bench)
 
     export = commands.add_parser("export-proto", help="write the REG_OP header and msopgen JSON")
     export.add_argument("--out", required=True, metavar="DIR")

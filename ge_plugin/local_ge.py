@@ -8,9 +8,9 @@ Compile (once per graph), per node in order:
                    against what torch traced when that was recorded; TilingParse once per node
     NetOutput   -> the graph's results
 Run (every call), per custom-op node:
-    inputs made contiguous -> [per input shapes, cached] InferShape on the actual shapes + Tiling
-    -> outputs and workspace from the node's BufferPool -> the kernel, through the very
-    `HostRuntime.launch` the eager op uses.
+    inputs made contiguous -> the runtime's plan for the actual shapes (InferShape + Tiling,
+    cached per signature, as eager) -> outputs and workspace from the node's BufferPool -> the
+    kernel, through the very `HostRuntime.run_kernel` the eager op uses.
 
 Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
 torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from google.protobuf import text_format
 
 from ..op_host.runtime import HostRuntime, default_runtime
-from ..op_host.tiling_base import CompileInfo, TilingResult
+from ..op_host.tiling_base import CompileInfo
 from ..op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
 from . import ge_attr
 from .buffer_pool import BufferPool
@@ -38,7 +37,6 @@ from .ge import static_dims, torch_dtype, write_desc
 from .ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
 
 DATA, NET_OUTPUT = "Data", "NetOutput"
-MAX_PLANS = 1024  # shapes remembered per node, as the runtime's Tiling cache
 
 
 class GraphCompileError(RuntimeError):
@@ -66,14 +64,6 @@ def desc_meta(desc: TensorDescriptor) -> TensorMeta:
     return TensorMeta(tuple(desc.shape.dim), torch_dtype(desc.dtype))
 
 
-@dataclass(frozen=True)
-class ShapePlan:
-    """Run-time facts of one node for one set of input shapes."""
-
-    outputs: tuple[TensorMeta, ...]
-    tiling: TilingResult
-
-
 @dataclass
 class CompiledOp:
     """A custom-op node after compile: everything a run needs but the tensors."""
@@ -83,7 +73,6 @@ class CompiledOp:
     attrs: dict
     sources: list[tuple[str, int] | None]  # producer of each prototype input, None when absent
     compile_info: CompileInfo
-    plans: OrderedDict[tuple, ShapePlan] = field(default_factory=OrderedDict)  # latest MAX_PLANS shapes
     buffers: BufferPool = field(default_factory=BufferPool)
 
 
@@ -93,7 +82,7 @@ class CompiledGraph:
     def __init__(self, graph_def: GraphDef, runtime: HostRuntime):
         self.graph_def = graph_def
         self.runtime = runtime
-        self.data_ops: dict[int, OpDef] = {}
+        self.data_ops: dict[int, tuple[OpDef, TensorMeta]] = {}  # index -> (Data node, its declared output)
         self.ops: list[CompiledOp] = []
         self.results: list[tuple[str, int]] = []
         self._lock = threading.Lock()
@@ -110,9 +99,8 @@ class CompiledGraph:
         if len(inputs) != len(self.data_ops):
             raise GraphRunError(f"graph {self.graph_def.name!r} takes {len(self.data_ops)} inputs, got {len(inputs)}")
         values = {}
-        for index, op in self.data_ops.items():
+        for index, (op, declared) in self.data_ops.items():
             tensor = inputs[index]
-            declared = desc_meta(op.output_desc[0])
             known_dims_match = len(tensor.shape) == len(declared.shape) and all(
                 want < 0 or have == want for have, want in zip(tensor.shape, declared.shape, strict=True)
             )
@@ -123,31 +111,16 @@ class CompiledGraph:
         return values
 
     def _run_op(self, op: CompiledOp, args: list[torch.Tensor | None]) -> list[torch.Tensor]:
-        """InferShape + Tiling for these shapes (cached), buffers, the kernel: outputs in prototype order."""
+        """The runtime's plan for these shapes (InferShape + Tiling, cached), buffers, the kernel."""
         tensors = [arg.contiguous() for arg in args]
-        key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
-        with self._lock:
-            plan = op.plans.get(key)
-            if plan is not None:
-                op.plans.move_to_end(key)
-        if plan is None:
-            plan = self._plan(op, tensors)
-            with self._lock:
-                op.plans[key] = plan
-                if len(op.plans) > MAX_PLANS:
-                    op.plans.popitem(last=False)
-        outputs, workspace = op.buffers.take(key, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
-        self.runtime.launch(op.prototype.op_type, tensors, op.attrs, outputs, workspace)
-        return outputs
-
-    def _plan(self, op: CompiledOp, tensors: list[torch.Tensor]) -> ShapePlan:
-        metas = {name: TensorMeta.of(t) for name, t in zip(op.prototype.input_names(), tensors, strict=True)}
         try:
-            outputs = op.prototype.infer(metas, op.attrs, WHERE_GRAPH)
+            plan = self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)
         except AttnResInputError as error:
             raise _node_error(op.op_def, error) from None
-        tiling = self.runtime.tiling(op.prototype.op_type, metas, op.attrs)
-        return ShapePlan(tuple(outputs), tiling)
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        outputs, workspace = op.buffers.take(key, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
+        self.runtime.run_kernel(op.prototype.op_type, tensors, outputs, plan.tiling, workspace)
+        return outputs
 
 
 _dump_counter = itertools.count()
@@ -196,8 +169,8 @@ def _compile_data(compiled: CompiledGraph, op: OpDef, descs: dict) -> None:
         raise GraphCompileError(f"Data node {op.name!r} needs an Int attr 'index' and one output desc")
     index = op.attr["index"].i
     if index in compiled.data_ops:
-        raise GraphCompileError(f"Data nodes {compiled.data_ops[index].name!r} and {op.name!r} share index {index}")
-    compiled.data_ops[index] = op
+        raise GraphCompileError(f"Data nodes {compiled.data_ops[index][0].name!r} and {op.name!r} share index {index}")
+    compiled.data_ops[index] = (op, desc_meta(op.output_desc[0]))
     descs[(op.name, 0)] = op.output_desc[0]
 
 

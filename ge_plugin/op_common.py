@@ -1,9 +1,10 @@
 """What the eager and fake implementations of both torch ops share.
 
-Eager (the two-phase flow of an aclnn call): validate with the prototype's
-InferDataType/InferShape, allocate the outputs, tile and launch through the
-host runtime. Fake: the same validation, then empty outputs of the inferred
-shapes, so torch.compile sees exactly what the graph's InferShape will.
+Eager (the two-phase flow of an aclnn call): the runtime's plan for these inputs
+(validation by the prototype's InferDataType/InferShape, then Tiling; cached per
+input signature), fresh contiguous outputs, the kernel. Fake: the same validation,
+then empty outputs of the inferred shapes, so torch.compile sees exactly what the
+graph's InferShape will.
 """
 
 from __future__ import annotations
@@ -16,23 +17,19 @@ from ..op_host.runtime import default_runtime
 from ..op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype, TensorMeta
 
 
-def _metas(proto: OpPrototype, tensors: Sequence[torch.Tensor]) -> dict[str, TensorMeta]:
-    return {name: TensorMeta.of(tensor) for name, tensor in zip(proto.input_names(), tensors, strict=True)}
-
-
 def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
-    """Validate, allocate contiguous outputs, tile and run the kernel."""
-    bound = proto.bind_attrs(attrs, WHERE_EAGER)
-    out_metas = proto.infer(_metas(proto, tensors), bound, WHERE_EAGER)
+    """Validate and tile (once per signature), allocate contiguous outputs, run the kernel."""
+    runtime = default_runtime()
+    plan = runtime.plan(proto, tensors, attrs, WHERE_EAGER)
     tensors = [tensor.contiguous() for tensor in tensors]
     device = tensors[0].device
-    outputs = [torch.empty(meta.shape, dtype=meta.dtype, device=device) for meta in out_metas]
-    default_runtime().launch(proto.op_type, tensors, bound, outputs)
+    outputs = [torch.empty(meta.shape, dtype=meta.dtype, device=device) for meta in plan.outputs]
+    runtime.run_kernel(proto.op_type, tensors, outputs, plan.tiling)
     return tuple(outputs)
 
 
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """The same validation as eager; empty outputs of the inferred shapes and dtypes."""
-    bound = proto.bind_attrs(attrs, WHERE_FAKE)
-    out_metas = proto.infer(_metas(proto, tensors), bound, WHERE_FAKE)
+    metas = {name: TensorMeta.of(tensor) for name, tensor in zip(proto.input_names(), tensors, strict=True)}
+    _, out_metas = proto.check(metas, attrs, WHERE_FAKE)
     return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)

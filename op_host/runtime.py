@@ -1,6 +1,7 @@
 """The host runtime: the two-phase launch an aclnn call makes, shared by eager ops and the local GE.
 
-    TilingParse once per op type and platform (cached) -> Tiling per shape (cached)
+    TilingParse once per op type (cached)
+    -> plan per input signature (cached): InferDataType/InferShape, then Tiling
     -> outputs and workspace -> the kernel
 
 The process platform starts empty, as an Ascend runtime's does before its first
@@ -12,38 +13,46 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..op_kernel import KERNELS
-from ..op_proto import BACKWARD, FORWARD, TensorMeta
+from ..op_proto import FORWARD, OpPrototype, TensorMeta
 from . import block_attention_residuals_grad_tiling as grad_tiling
 from . import block_attention_residuals_tiling as forward_tiling
 from .platform import PlatformInfo, host_profile
 from .tiling_base import CompileInfo, TilingResult
 
-
-def _tiling_for(op_type: str, compile_info: CompileInfo, inputs: Mapping[str, TensorMeta], attrs, platform):
-    tokens, blocks, hidden = inputs["block_res"].shape
-    dtype = inputs["partial_block"].dtype
-    if op_type == FORWARD.op_type:
-        return forward_tiling.tiling(
-            compile_info, tokens, blocks, hidden, dtype, attrs["norm_eps"], attrs["need_backward"], platform
-        )
-    return grad_tiling.tiling(compile_info, tokens, blocks, hidden, dtype, platform)
+PARSERS = {FORWARD.op_type: forward_tiling.parse, "BlockAttentionResidualsGrad": grad_tiling.parse}
+PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T must not grow without bound
 
 
-PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
-TILING_CACHE_SIZE = 1024  # shapes remembered; a serving loop with ever new T must not grow without bound
+@dataclass(frozen=True)
+class ShapePlan:
+    """Everything a launch needs for one input signature but the tensors."""
+
+    outputs: tuple[TensorMeta, ...]  # shapes and dtypes, in prototype order
+    attrs: Mapping  # bound attributes (defaults filled in)
+    tiling: TilingResult
+
+
+def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+    # The attribute's type is part of the key: True == 1 must not reuse a plan validated for a bool.
+    return (
+        proto.op_type,
+        tuple((tuple(t.shape), t.dtype, t.device) for t in tensors),
+        tuple((name, type(value), value) for name, value in attrs.items()),
+    )
 
 
 class HostRuntime:
-    """Owns a platform handle, the TilingParse results and a per-shape Tiling cache."""
+    """Owns a platform handle, the TilingParse results and a per-signature plan cache."""
 
     def __init__(self, platform: PlatformInfo):
         self.platform = platform
         self._compile_infos: dict[str, CompileInfo] = {}
-        self._tilings: OrderedDict[tuple, TilingResult] = OrderedDict()
+        self._plans: OrderedDict[tuple, ShapePlan] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile_info(self, op_type: str) -> CompileInfo:
@@ -54,36 +63,44 @@ class HostRuntime:
             return self._compile_infos[op_type]
 
     def tiling(self, op_type: str, inputs: Mapping[str, TensorMeta], attrs: Mapping) -> TilingResult:
-        """Tiling for these shapes, computed once per (shape, dtype, attrs)."""
-        key = (op_type, inputs["block_res"].shape, inputs["partial_block"].dtype, tuple(sorted(attrs.items())))
-        with self._lock:
-            cached = self._tilings.get(key)
-            if cached is not None:
-                self._tilings.move_to_end(key)
-                return cached
-        result = _tiling_for(op_type, self.compile_info(op_type), inputs, attrs, self.platform)
-        with self._lock:
-            self._tilings[key] = result
-            if len(self._tilings) > TILING_CACHE_SIZE:
-                self._tilings.popitem(last=False)
-        return result
+        """Tiling for these input shapes and bound attributes."""
+        compile_info = self.compile_info(op_type)
+        tokens, blocks, hidden = inputs["block_res"].shape
+        dtype = inputs["partial_block"].dtype
+        if op_type == FORWARD.op_type:
+            return forward_tiling.tiling(compile_info, tokens, blocks, hidden, dtype, attrs["norm_eps"],
+                                         attrs["need_backward"], self.platform)
+        return grad_tiling.tiling(compile_info, tokens, blocks, hidden, dtype, self.platform)
 
-    def launch(
+    def plan(self, proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping, where: str) -> ShapePlan:
+        """Validate (InferDataType/InferShape, errors say `where`) and tile, once per input signature."""
+        key = _signature(proto, tensors, attrs)
+        with self._lock:
+            cached = self._plans.get(key)
+            if cached is not None:
+                self._plans.move_to_end(key)
+                return cached
+        metas = {name: TensorMeta.of(tensor) for name, tensor in zip(proto.input_names(), tensors, strict=True)}
+        bound, outputs = proto.check(metas, attrs, where)
+        plan = ShapePlan(tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
+        with self._lock:
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def run_kernel(
         self,
         op_type: str,
         inputs: Sequence[torch.Tensor],
-        attrs: Mapping,
         outputs: Sequence[torch.Tensor],
+        tiling: TilingResult,
         workspace: torch.Tensor | None = None,
-    ) -> TilingResult:
-        """Tile and run the kernel into `outputs` (contiguous, of the inferred shapes)."""
-        names = FORWARD.input_names() if op_type == FORWARD.op_type else BACKWARD.input_names()
-        metas = {name: TensorMeta.of(tensor) for name, tensor in zip(names, inputs, strict=True)}
-        result = self.tiling(op_type, metas, attrs)
-        if workspace is None or workspace.numel() < result.workspace_size:
-            workspace = torch.empty(result.workspace_size, dtype=torch.uint8, device=inputs[0].device)
-        KERNELS[op_type](*inputs, *outputs, workspace, result.data)
-        return result
+    ) -> None:
+        """Launch the kernel on contiguous inputs into contiguous outputs of the planned shapes."""
+        if workspace is None or workspace.numel() < tiling.workspace_size:
+            workspace = torch.empty(tiling.workspace_size, dtype=torch.uint8, device=inputs[0].device)
+        KERNELS[op_type](*inputs, *outputs, workspace, tiling.data)
 
 
 _default: HostRuntime | None = None

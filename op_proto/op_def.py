@@ -103,15 +103,18 @@ class Checker:
     def shape(self, name: str, meta: TensorMeta, layout: Sequence[str], expected: Sequence) -> tuple:
         """Check rank and every known expected dim (None = any); return the shape."""
         shape = meta.shape
-        spelled = "[" + ", ".join(layout) + "]"
-        wanted = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+
+        def described() -> str:
+            wanted = ["*" if e is None else e for e in expected]
+            return f"[{', '.join(layout)}] = {format_shape(wanted)}"
+
         if len(shape) != len(layout):
-            self.fail(f"{name} must be {len(layout)}-D {spelled} = {wanted}, got shape {format_shape(shape)}")
+            self.fail(f"{name} must be {len(layout)}-D {described()}, got shape {format_shape(shape)}")
         for dim, want in zip(shape, expected, strict=True):
             if want is None or is_unknown(dim) or is_unknown(want):
                 continue
             if dim != want:
-                self.fail(f"{name} must have shape {spelled} = {wanted}, got {format_shape(shape)}")
+                self.fail(f"{name} must have shape {described()}, got {format_shape(shape)}")
         return tuple(shape)
 
     def dim_in_range(self, name: str, letter: str, meaning: str, value, low: int, high: int | None) -> None:
@@ -184,9 +187,15 @@ class OpPrototype:
             bound[attr.name] = value
         return bound
 
-    def infer(self, inputs: Mapping[str, TensorMeta], attrs: Mapping[str, Any], where: str) -> list[TensorMeta]:
-        """InferDataType then InferShape; outputs in prototype order."""
+    def check(
+        self, inputs: Mapping[str, TensorMeta], attrs: Mapping[str, Any], where: str
+    ) -> tuple[dict[str, Any], list[TensorMeta]]:
+        """Bind the attributes, then InferDataType and InferShape: (bound attributes, outputs in order)."""
         bound = self.bind_attrs(attrs, where)
         dtypes = self.infer_data_type(inputs, bound, where)
         shapes = self.infer_shape(inputs, bound, where)
-        return [TensorMeta(tuple(shapes[name]), dtypes[name]) for name in self.output_names()]
+        return bound, [TensorMeta(tuple(shapes[arg.name]), dtypes[arg.name]) for arg in self.outputs]
+
+    def infer(self, inputs: Mapping[str, TensorMeta], attrs: Mapping[str, Any], where: str) -> list[TensorMeta]:
+        """InferDataType then InferShape; outputs in prototype order."""
+        return self.check(inputs, attrs, where)[1]

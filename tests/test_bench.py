@@ -9,13 +9,16 @@ from attnres_ge import bench
 
 def test_bench_writes_every_measurement(tmp_path):
     out = tmp_path / "bench.json"
-    status = bench.main(["--shapes", "T16_N8_H4096", "--dtypes", "float32", "--providers", "op-eager", "op-prealloc",
-                         "torch-eager", "--rounds", "3", "--json", str(out)])
+    providers = ["op-eager", "op-graph", "kernel", "torch-eager"]
+    status = bench.main(["--shapes", "T16_N8_H4096", "--dtypes", "float32", "--providers", *providers,
+                         "--rounds", "3", "--json", str(out)])
     assert status == 0
     report = json.loads(out.read_text())
     keys = {(m["provider"], m["direction"]) for m in report["results"]}
-    assert keys == {(p, d) for p in ("op-eager", "op-prealloc", "torch-eager") for d in ("forward", "backward")}
+    assert keys == {(p, d) for p in providers for d in ("forward", "backward")}
     for m in report["results"]:
         assert m["median_ms"] > 0 and m["copy_gbps"] > 0 and m["page_faults_per_call"] >= 0
-    assert any(r["provider"] == "op-prealloc" and r["against"] == "torch-eager" for r in report["speedups"])
+    assert any(r["provider"] == "op-graph" and r["against"] == "torch-eager" for r in report["speedups"])
+    assert {(r["provider"], r["direction"]) for r in report["overheads"]} == {
+        (p, d) for p in ("op-eager", "op-graph") for d in ("forward", "backward")}
     assert report["machine"]["kernels"] in ("native", "python")

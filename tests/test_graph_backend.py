@@ -170,7 +170,7 @@ def kernels_must_not_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a kernel ran: the bad input was not caught at compile time")
 
-    monkeypatch.setattr(HostRuntime, "launch", refuse)
+    monkeypatch.setattr(HostRuntime, "run_kernel", refuse)
 
 
 BAD_CALLS = [
