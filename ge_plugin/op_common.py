@@ -2,7 +2,8 @@
 
 Eager (the two-phase flow of an aclnn call): the runtime's plan for these inputs
 (validation by the prototype's InferDataType/InferShape, then Tiling; cached per
-input signature), fresh contiguous outputs, the kernel. Fake: the same validation,
+input signature), fresh contiguous outputs (huge-page backed when large: see
+op_host/host_memory), the kernel. Fake: the same validation,
 then empty outputs of the inferred shapes, so torch.compile sees exactly what the
 graph's InferShape will.
 """
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..op_host.host_memory import empty_output
 from ..op_host.runtime import default_runtime
 from ..op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype, TensorMeta
 
@@ -23,7 +25,7 @@ def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mappin
     plan = runtime.plan(proto, tensors, attrs, WHERE_EAGER)
     tensors = [tensor.contiguous() for tensor in tensors]
     device = tensors[0].device
-    outputs = [torch.empty(meta.shape, dtype=meta.dtype, device=device) for meta in plan.outputs]
+    outputs = [empty_output(meta.shape, meta.dtype, device) for meta in plan.outputs]
     runtime.run_kernel(proto.op_type, tensors, outputs, plan.tiling)
     return tuple(outputs)
 

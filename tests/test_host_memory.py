@@ -1,0 +1,79 @@
+"""The eager path's huge-page output pool: reuse only memory no tensor uses any more."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_inputs
+
+from attnres_ge.op_host import host_memory
+from attnres_ge.op_host.host_memory import HUGE_PAGE, HugePagePool
+
+SHAPE = (1024, 1024, 2)  # 8 MiB of float32
+
+
+def test_a_mapping_is_reused_only_after_every_tensor_and_view_is_gone():
+    pool = HugePagePool()
+    first = pool.empty(SHAPE, torch.float32)
+    first.fill_(7.0)
+    view = first[1:3]
+    del first
+    second = pool.empty(SHAPE, torch.float32)
+    assert pool.mapped == 2, "a live view must keep its mapping out of reuse"
+    assert torch.all(view == 7.0), "the live view's values must survive the next allocation"
+    del view
+    third = pool.empty(SHAPE, torch.float32)
+    assert pool.mapped == 2, "once nothing uses it, the mapping is handed out again"
+    assert third.shape == SHAPE and third.is_contiguous() and third.dtype == torch.float32
+    del second, third
+
+
+def test_a_tensor_saved_by_autograd_keeps_its_mapping():
+    pool = HugePagePool()
+    saved = pool.empty(SHAPE, torch.float32).fill_(1.0)
+    leaf = torch.ones(SHAPE, requires_grad=True)
+    product = leaf * saved  # autograd saves `saved` for the backward
+    pointer = saved.data_ptr()
+    del saved
+    other = pool.empty(SHAPE, torch.float32)
+    assert other.data_ptr() != pointer
+    other.fill_(5.0)
+    product.sum().backward()
+    assert torch.all(leaf.grad == 1.0)
+
+
+def test_idle_mappings_beyond_the_cap_are_unmapped():
+    pool = HugePagePool(max_idle_bytes=HUGE_PAGE * 4)
+    tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]
+    del tensors
+    pool.empty((16, 1024, 1024), torch.float32)  # a new size: trims the idle ones beyond the cap
+    assert len(pool._mappings) <= 2
+
+
+def test_eager_outputs_come_from_the_pool_and_stay_correct(monkeypatch):
+    pool = HugePagePool()
+    monkeypatch.setattr(host_memory, "_pool", pool)
+    monkeypatch.setattr(host_memory, "huge_pages_available", lambda: True)
+    inputs = make_inputs(64, 4, 8192)  # hidden_states: 2 MiB, grad_block_res: 8 MiB
+    expected = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+    held = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+    again = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+    for a, b, c in zip(expected, held, again, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    _, inv_norm, probs = expected
+    grads = torch.ops.attnres.block_attention_residuals_backward(*inputs, torch.ones(64, 8192), inv_norm, probs)
+    assert pool.mapped >= 1, "the 8 MiB gradient comes from the pool"
+    first_grad = grads[1].clone()
+    grads_again = torch.ops.attnres.block_attention_residuals_backward(*inputs, torch.ones(64, 8192), inv_norm, probs)
+    assert torch.equal(grads[1], first_grad), "a held output is never reused under its holder"
+    assert grads_again[1].data_ptr() != grads[1].data_ptr()
+
+
+@pytest.mark.parametrize("value", ["0", "false"])
+def test_switch_off(monkeypatch, value):
+    monkeypatch.setenv(host_memory.HUGE_PAGES_ENV, value)
+    host_memory.huge_pages_available.cache_clear()
+    try:
+        assert not host_memory.huge_pages_available()
+    finally:
+        host_memory.huge_pages_available.cache_clear()
