@@ -22,3 +22,11 @@ def test_bench_writes_every_measurement(tmp_path):
     assert {(r["provider"], r["direction"]) for r in report["overheads"]} == {
         (p, d) for p in ("op-eager", "op-graph") for d in ("forward", "backward")}
     assert report["machine"]["kernels"] in ("native", "python")
+
+
+def test_bench_plot_writes_a_png(tmp_path):
+    measurement = bench.Measurement("T16_N8_H4096", "float32", "kernel", "forward", 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
+                                    0.5, 0.0)
+    out = tmp_path / "bench.png"
+    assert bench.plot([measurement, bench.Measurement(**{**measurement.__dict__, "direction": "backward"})], str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
