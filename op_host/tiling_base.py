@@ -112,7 +112,10 @@ class TilingResult:
     def describe(self) -> str:
         lines = [f"tiling_key     {self.tiling_key}", f"block_dim      {self.block_dim}",
                  f"workspace_size {self.workspace_size} bytes"]
-        lines += [f"  {field.name:<20} {getattr(self.data, field.name)}" for field in dataclasses.fields(self.data)]
+        for field in dataclasses.fields(self.data):
+            value = getattr(self.data, field.name)
+            shown = f"{value:.7g}" if isinstance(value, float) else str(value)  # epsilon: float32 precision
+            lines.append(f"  {field.name:<20} {shown}")
         lines.append(f"tiling data    {self.data.to_bytes().hex()}")
         return "\n".join(lines)
 
