@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +84,6 @@ class CompiledGraph:
         self.data_ops: dict[int, tuple[OpDef, TensorMeta]] = {}  # index -> (Data node, its declared output)
         self.ops: list[CompiledOp] = []
         self.results: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         values = self._bind_data(inputs)

@@ -16,7 +16,7 @@ import torch
 
 from ..op_host.host_memory import empty_output
 from ..op_host.runtime import default_runtime
-from ..op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype, TensorMeta
+from ..op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
 
 
 def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
@@ -32,6 +32,5 @@ def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mappin
 
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """The same validation as eager; empty outputs of the inferred shapes and dtypes."""
-    metas = {name: TensorMeta.of(tensor) for name, tensor in zip(proto.input_names(), tensors, strict=True)}
-    _, out_metas = proto.check(metas, attrs, WHERE_FAKE)
+    _, out_metas = proto.check(proto.input_metas(tensors), attrs, WHERE_FAKE)
     return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from ..op_kernel import KERNELS
-from ..op_proto import FORWARD, OpPrototype, TensorMeta
+from ..op_proto import BACKWARD, FORWARD, OpPrototype, TensorMeta
 from . import block_attention_residuals_grad_tiling as grad_tiling
 from . import block_attention_residuals_tiling as forward_tiling
 from .platform import PlatformInfo, host_profile
 from .tiling_base import CompileInfo, TilingResult
 
-PARSERS = {FORWARD.op_type: forward_tiling.parse, "BlockAttentionResidualsGrad": grad_tiling.parse}
+PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
 PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T must not grow without bound
 
 
@@ -80,7 +80,7 @@ class HostRuntime:
             if cached is not None:
                 self._plans.move_to_end(key)
                 return cached
-        metas = {name: TensorMeta.of(tensor) for name, tensor in zip(proto.input_names(), tensors, strict=True)}
+        metas = proto.input_metas(tensors)
         bound, outputs = proto.check(metas, attrs, where)
         plan = ShapePlan(tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
         with self._lock:

@@ -162,6 +162,10 @@ class OpPrototype:
     def output_names(self) -> list[str]:
         return [arg.name for arg in self.outputs]
 
+    def input_metas(self, tensors: Sequence[torch.Tensor]) -> dict[str, TensorMeta]:
+        """The TensorMeta of each input tensor, by prototype input name."""
+        return {arg.name: TensorMeta.of(tensor) for arg, tensor in zip(self.inputs, tensors, strict=True)}
+
     def bind_attrs(self, given: Mapping[str, Any], where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
         """Attributes by name with defaults filled in; unknown or mistyped ones are rejected."""
         checker = Checker(self.op_type, where)
