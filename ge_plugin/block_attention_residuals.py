@@ -10,16 +10,17 @@ from __future__ import annotations
 import torch
 
 from ..op_proto import FORWARD
-from .op_common import fake_outputs, run_eager
+from .op_common import LIBRARY, fake_outputs, run_eager
 
+NAME = "block_attention_residuals"
 SCHEMA = (
     "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
     "int valid_block_num=-1, float norm_eps=1e-06, bool need_backward=False) -> (Tensor, Tensor, Tensor)"
 )
+LIBRARY.define(NAME + SCHEMA)
 
 
-@torch.library.custom_op("attnres::block_attention_residuals", mutates_args=(), schema=SCHEMA)
-def block_attention_residuals_op(
+def _cpu(
     partial_block: torch.Tensor,
     block_res: torch.Tensor,
     proj_weight: torch.Tensor,
@@ -32,7 +33,6 @@ def block_attention_residuals_op(
     return run_eager(FORWARD, (partial_block, block_res, proj_weight, norm_weight), attrs)
 
 
-@block_attention_residuals_op.register_fake
 def _fake(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-1, norm_eps=1e-6, need_backward=False):
     attrs = {"valid_block_num": valid_block_num, "norm_eps": norm_eps, "need_backward": need_backward}
     return fake_outputs(FORWARD, (partial_block, block_res, proj_weight, norm_weight), attrs)
@@ -66,4 +66,6 @@ def _backward(ctx, grad_hidden_states, _grad_inv_norm, _grad_probs):
     return grad_partial, grad_blocks, grad_proj.reshape(proj_weight.shape), grad_norm, None, None, None
 
 
-block_attention_residuals_op.register_autograd(_backward, setup_context=_setup_context)
+LIBRARY.impl(NAME, _cpu, "CPU")
+torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
+torch.library.register_autograd(f"attnres::{NAME}", _backward, setup_context=_setup_context, lib=LIBRARY)

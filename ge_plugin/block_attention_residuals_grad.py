@@ -9,17 +9,19 @@ from __future__ import annotations
 import torch
 
 from ..op_proto import BACKWARD
-from .op_common import fake_outputs, run_eager
+from .op_common import LIBRARY, fake_outputs, run_eager
 
+NAME = "block_attention_residuals_backward"
 SCHEMA = (
     "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
     "Tensor grad_hidden_states, Tensor inv_norm, Tensor probs, *, int valid_block_num=0) "
     "-> (Tensor, Tensor, Tensor, Tensor)"
 )
 
+LIBRARY.define(NAME + SCHEMA)
 
-@torch.library.custom_op("attnres::block_attention_residuals_backward", mutates_args=(), schema=SCHEMA)
-def block_attention_residuals_backward_op(
+
+def _cpu(
     partial_block: torch.Tensor,
     block_res: torch.Tensor,
     proj_weight: torch.Tensor,
@@ -34,8 +36,11 @@ def block_attention_residuals_backward_op(
     return run_eager(BACKWARD, tensors, {"valid_block_num": valid_block_num})
 
 
-@block_attention_residuals_backward_op.register_fake
 def _fake(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs, *,
           valid_block_num=0):
     tensors = (partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs)
     return fake_outputs(BACKWARD, tensors, {"valid_block_num": valid_block_num})
+
+
+LIBRARY.impl(NAME, _cpu, "CPU")
+torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)

@@ -99,10 +99,9 @@ class CompiledGraph:
         values = {}
         for index, (op, declared) in self.data_ops.items():
             tensor = inputs[index]
-            known_dims_match = len(tensor.shape) == len(declared.shape) and all(
-                want < 0 or have == want for have, want in zip(tensor.shape, declared.shape, strict=True)
-            )
-            if tensor.dtype != declared.dtype or not known_dims_match:
+            if tensor.dtype != declared.dtype or not (
+                tensor.shape == declared.shape or _known_dims_match(tensor.shape, declared.shape)
+            ):
                 raise GraphRunError(f"graph {self.graph_def.name!r} input {index} (node {op.name!r}) must be "
                                     f"{declared.dtype} {list(declared.shape)}, got {tensor.dtype} {list(tensor.shape)}")
             values[(op.name, 0)] = tensor
@@ -115,10 +114,16 @@ class CompiledGraph:
             plan = self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)
         except AttnResInputError as error:
             raise _node_error(op.op_def, error) from None
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        outputs, workspace = op.buffers.take(key, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
-        self.runtime.run_kernel(op.prototype.op_type, tensors, outputs, plan.tiling, workspace)
+        outputs, workspace = op.buffers.take(plan, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
+        self.runtime.run_kernel(plan, tensors, outputs, workspace)
         return outputs
+
+
+def _known_dims_match(shape: Sequence[int], declared: Sequence[int]) -> bool:
+    """The same rank, and every dim the desc knows (>= 0) equal."""
+    if len(shape) != len(declared):
+        return False
+    return all(want < 0 or have == want for have, want in zip(shape, declared, strict=True))
 
 
 _dump_counter = itertools.count()

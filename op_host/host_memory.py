@@ -90,8 +90,14 @@ class HugePagePool:
 _pool = HugePagePool()
 
 
-def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A fresh contiguous output: from the huge-page pool when large, on the CPU, and available; else torch.empty."""
-    if device.type == "cpu" and math.prod(shape) * dtype.itemsize >= MIN_HUGE_BYTES and huge_pages_available():
+_empty_of: dict[torch.dtype, torch.Tensor] = {}  # per dtype an empty CPU tensor: new_empty is the cheapest allocation
+
+
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh contiguous CPU output: from the huge-page pool when large and available; else torch's allocator."""
+    if math.prod(shape) * dtype.itemsize >= MIN_HUGE_BYTES and huge_pages_available():
         return _pool.empty(tuple(shape), dtype)
-    return torch.empty(shape, dtype=dtype, device=device)
+    template = _empty_of.get(dtype)
+    if template is None:
+        template = _empty_of.setdefault(dtype, torch.empty(0, dtype=dtype))
+    return template.new_empty(shape)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ from .platform import PlatformInfo, host_profile
 from .tiling_base import CompileInfo, TilingResult
 
 PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
+NO_WORKSPACE = torch.empty(0, dtype=torch.uint8)  # what a launch gets when its plan needs none
 PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T must not grow without bound
 
 
@@ -32,17 +33,21 @@ PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T 
 class ShapePlan:
     """Everything a launch needs for one input signature but the tensors."""
 
+    op_type: str
+    dtype: torch.dtype  # of the value inputs
     outputs: tuple[TensorMeta, ...]  # shapes and dtypes, in prototype order
     attrs: Mapping  # bound attributes (defaults filled in)
     tiling: TilingResult
+    # The kernel launch for this plan, made once per kernel implementation (KERNELS.launch).
+    launches: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
     # The attribute's type is part of the key: True == 1 must not reuse a plan validated for a bool.
     return (
         proto.op_type,
-        tuple((tuple(t.shape), t.dtype, t.device) for t in tensors),
-        tuple((name, type(value), value) for name, value in attrs.items()),
+        *[(t.shape, t.dtype, t.device) for t in tensors],
+        *[(name, type(value), value) for name, value in attrs.items()],
     )
 
 
@@ -82,7 +87,8 @@ class HostRuntime:
                 return cached
         metas = proto.input_metas(tensors)
         bound, outputs = proto.check(metas, attrs, where)
-        plan = ShapePlan(tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
+        dtype = metas["partial_block"].dtype
+        plan = ShapePlan(proto.op_type, dtype, tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
         with self._lock:
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:
@@ -91,16 +97,22 @@ class HostRuntime:
 
     def run_kernel(
         self,
-        op_type: str,
+        plan: ShapePlan,
         inputs: Sequence[torch.Tensor],
         outputs: Sequence[torch.Tensor],
-        tiling: TilingResult,
         workspace: torch.Tensor | None = None,
     ) -> None:
-        """Launch the kernel on contiguous inputs into contiguous outputs of the planned shapes."""
-        if workspace is None or workspace.numel() < tiling.workspace_size:
-            workspace = torch.empty(tiling.workspace_size, dtype=torch.uint8, device=inputs[0].device)
-        KERNELS[op_type](*inputs, *outputs, workspace, tiling.data)
+        """Launch the kernel of `plan`. The caller guarantees what the plan was made for: the inputs are
+        contiguous with the planned signature, the outputs contiguous of `plan.outputs`' shapes and dtypes,
+        the workspace (if given) at least `workspace_size` bytes; the launch checks no tensor again."""
+        if workspace is None:
+            size = plan.tiling.workspace_size
+            workspace = torch.empty(size, dtype=torch.uint8, device=inputs[0].device) if size else NO_WORKSPACE
+        launch = plan.launches.get(KERNELS.implementation)
+        if launch is None:
+            implementation, launch = KERNELS.launch(plan.op_type, plan.tiling.data, plan.dtype)
+            plan.launches[implementation] = launch
+        launch(inputs, outputs, workspace)
 
 
 _default: HostRuntime | None = None

@@ -10,6 +10,11 @@ ATTNRES_GE_KERNEL (`native`, `python`, or `auto`, the default). `auto` takes the
 native kernels when `_native` imports and otherwise the Python ones, with one
 warning saying why and how to build. `get_kernels(name)` returns a specific
 implementation (tests compare the two); `set_implementation(name)` switches.
+
+Both kernels check every tensor against the tiling record. `KERNELS.launch(op_type,
+tiling, dtype)` is what the host runtime calls instead, once per plan: a
+`launch(inputs, outputs, workspace)` for tensors the plan already guarantees to
+match (the native one converts the record once and checks no tensor per call).
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+import torch
+
+from ..op_host.tiling_base import TilingRecord
 from .block_attention_residuals import block_attention_residuals_kernel
 from .block_attention_residuals_grad import block_attention_residuals_grad_kernel
 
@@ -32,22 +40,42 @@ PYTHON_KERNELS: dict[str, Callable] = {
     FORWARD_OP: block_attention_residuals_kernel,
     BACKWARD_OP: block_attention_residuals_grad_kernel,
 }
+Launch = Callable[[Sequence, Sequence, object], None]  # (inputs, outputs, workspace)
+
+
+def _checked_launch(kernel: Callable) -> Callable[[TilingRecord, torch.dtype], Launch]:
+    """A launch factory that calls the (checking) kernel itself."""
+
+    def factory(tiling: TilingRecord, dtype: torch.dtype) -> Launch:
+        def launch(inputs, outputs, workspace):
+            kernel(*inputs, *outputs, workspace, tiling)
+
+        return launch
+
+    return factory
+
+
+PYTHON_LAUNCHES = {op_type: _checked_launch(kernel) for op_type, kernel in PYTHON_KERNELS.items()}
 
 
 class NativeKernelUnavailableWarning(RuntimeWarning):
     """The native kernels are not built; the (much slower) Python kernels run instead."""
 
 
-def _load_native() -> tuple[dict[str, Callable] | None, str]:
-    """(the native kernels, "") or (None, why they are unavailable)."""
+def _load_native() -> tuple[dict[str, Callable] | None, dict[str, Callable] | None, str]:
+    """(the native kernels, their launch factories, "") or (None, None, why they are unavailable)."""
     try:
-        from .native import block_attention_residuals_grad_native, block_attention_residuals_native
+        from . import native
     except ImportError as error:
-        return None, f"attnres_ge.op_kernel._native does not import ({error})"
-    return {FORWARD_OP: block_attention_residuals_native, BACKWARD_OP: block_attention_residuals_grad_native}, ""
+        return None, None, f"attnres_ge.op_kernel._native does not import ({error})"
+    kernels = {
+        FORWARD_OP: native.block_attention_residuals_native,
+        BACKWARD_OP: native.block_attention_residuals_grad_native,
+    }
+    return kernels, {FORWARD_OP: native.forward_launch, BACKWARD_OP: native.backward_launch}, ""
 
 
-_native_kernels, NATIVE_UNAVAILABLE_REASON = _load_native()
+_native_kernels, _native_launches, NATIVE_UNAVAILABLE_REASON = _load_native()
 
 
 def native_available() -> bool:
@@ -115,6 +143,14 @@ class _KernelTable(Mapping):
 
     def __getitem__(self, op_type: str) -> Callable:
         return self._resolve()[op_type]
+
+    def launch(self, op_type: str, tiling: TilingRecord, dtype: torch.dtype) -> tuple[str, Launch]:
+        """(implementation, `launch(inputs, outputs, workspace)`) for tensors that match `tiling` and `dtype`:
+        contiguous inputs of the shapes it was made for, outputs and workspace of the planned sizes."""
+        self._resolve()
+        implementation = self._implementation
+        launches = _native_launches if implementation == "native" else PYTHON_LAUNCHES
+        return implementation, launches[op_type](tiling, dtype)
 
     def __iter__(self) -> Iterator[str]:
         return iter(PYTHON_KERNELS)

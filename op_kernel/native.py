@@ -18,6 +18,7 @@ ATTNRES_GE_STREAM_MIN_BYTES=N turns them on for outputs of at least N bytes
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -42,11 +43,39 @@ def _address(tensor: torch.Tensor, name: str, dtype: torch.dtype, numel: int) ->
     return tensor.data_ptr()
 
 
-def _dtype_code(tensor: torch.Tensor) -> int:
+def _dtype_code(dtype: torch.dtype) -> int:
     try:
-        return DTYPE_CODES[tensor.dtype]
+        return DTYPE_CODES[dtype]
     except KeyError:
-        raise ValueError(f"native kernel: dtype must be float32, float16 or bfloat16, got {tensor.dtype}") from None
+        raise ValueError(f"native kernel: dtype must be float32, float16 or bfloat16, got {dtype}") from None
+
+
+# The record's fields in the order _native takes them, after the pointers.
+def _forward_record(tiling: ForwardTilingData, dtype: torch.dtype) -> tuple:
+    stream = tiling.tokens * tiling.hidden * dtype.itemsize >= STREAM_MIN_BYTES
+    return (tiling.tokens, tiling.blocks, tiling.hidden,
+            tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
+            tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+            tiling.norm_eps, stream)  # fmt: skip
+
+
+def _backward_record(tiling: BackwardTilingData, dtype: torch.dtype) -> tuple:
+    output_bytes = (tiling.blocks + 1) * tiling.tokens * tiling.hidden * dtype.itemsize
+    stream = dtype.itemsize == 4 and output_bytes >= STREAM_MIN_BYTES
+    return (tiling.tokens, tiling.blocks, tiling.hidden,
+            tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
+            tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
+            tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+            stream)  # fmt: skip
+
+
+def _check_workspace(workspace: torch.Tensor, tiling: BackwardTilingData) -> int:
+    chunk_bytes = tiling.chunk_num * tiling.hidden * 4
+    if (workspace.device.type != "cpu" or not workspace.is_contiguous() or workspace.nbytes < chunk_bytes
+            or workspace.data_ptr() % 4):
+        raise ValueError(f"native kernel: the workspace must be a contiguous, 4-byte aligned CPU buffer of at least "
+                         f"{chunk_bytes} bytes, got {workspace.nbytes} bytes on {workspace.device}")
+    return workspace.data_ptr()
 
 
 def block_attention_residuals_native(
@@ -63,7 +92,7 @@ def block_attention_residuals_native(
     tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
     dtype, stats = partial_block.dtype, tokens * (blocks + 1)
     _native.forward(
-        _dtype_code(partial_block),
+        _dtype_code(dtype),
         _address(partial_block, "partial_block", dtype, tokens * hidden),
         _address(block_res, "block_res", dtype, tokens * blocks * hidden),
         _address(proj_weight, "proj_weight", dtype, hidden),
@@ -71,12 +100,8 @@ def block_attention_residuals_native(
         _address(hidden_states, "hidden_states", dtype, tokens * hidden),
         _address(inv_norm, "inv_norm", torch.float32, stats) if tiling.need_backward else 0,
         _address(probs, "probs", torch.float32, stats) if tiling.need_backward else 0,
-        tokens, blocks, hidden,
-        tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
-        tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-        tiling.norm_eps,
-        hidden_states.nbytes >= STREAM_MIN_BYTES,
-    )  # fmt: skip
+        *_forward_record(tiling, dtype),
+    )
 
 
 def block_attention_residuals_grad_native(
@@ -96,15 +121,8 @@ def block_attention_residuals_grad_native(
 ) -> None:
     tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
     dtype, stats = partial_block.dtype, tokens * (blocks + 1)
-    chunk_bytes = tiling.chunk_num * hidden * 4
-    if (workspace.device.type != "cpu" or not workspace.is_contiguous() or workspace.nbytes < chunk_bytes
-            or workspace.data_ptr() % 4):
-        raise ValueError(f"native kernel: the workspace must be a contiguous, 4-byte aligned CPU buffer of at least "
-                         f"{chunk_bytes} bytes, got {workspace.nbytes} bytes on {workspace.device}")
-    output_bytes = grad_partial_block.nbytes + grad_block_res.nbytes
-    stream = grad_partial_block.element_size() == 4 and output_bytes >= STREAM_MIN_BYTES
     _native.backward(
-        _dtype_code(partial_block),
+        _dtype_code(dtype),
         _address(partial_block, "partial_block", dtype, tokens * hidden),
         _address(block_res, "block_res", dtype, tokens * blocks * hidden),
         _address(proj_weight, "proj_weight", dtype, hidden),
@@ -116,10 +134,32 @@ def block_attention_residuals_grad_native(
         _address(grad_block_res, "grad_block_res", dtype, tokens * blocks * hidden),
         _address(grad_proj_weight, "grad_proj_weight", dtype, hidden),
         _address(grad_norm_weight, "grad_norm_weight", dtype, hidden),
-        workspace.data_ptr(),
-        tokens, blocks, hidden,
-        tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
-        tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
-        tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-        stream,
-    )  # fmt: skip
+        _check_workspace(workspace, tiling),
+        *_backward_record(tiling, dtype),
+    )
+
+
+# Launches for tensors that already match a tiling record (see op_kernel.planned_launch): the record's
+# fields are converted once per plan and no tensor is checked; C++ still checks the record itself.
+
+
+def forward_launch(tiling: ForwardTilingData, dtype: torch.dtype) -> Callable:
+    """`launch(inputs, outputs, workspace)` of the forward for this record and dtype."""
+    code, record, keep_stats = _dtype_code(dtype), _forward_record(tiling, dtype), bool(tiling.need_backward)
+
+    def launch(inputs, outputs, workspace):
+        hidden_states, inv_norm, probs = outputs
+        _native.forward(code, *[tensor.data_ptr() for tensor in inputs], hidden_states.data_ptr(),
+                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0, *record)
+
+    return launch
+
+
+def backward_launch(tiling: BackwardTilingData, dtype: torch.dtype) -> Callable:
+    """`launch(inputs, outputs, workspace)` of the backward for this record and dtype."""
+    code, record = _dtype_code(dtype), _backward_record(tiling, dtype)
+
+    def launch(inputs, outputs, workspace):
+        _native.backward(code, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)], *record)
+
+    return launch

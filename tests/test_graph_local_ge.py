@@ -277,4 +277,4 @@ def test_buffers_are_kept_for_a_bounded_number_of_shapes():
     pool = compiled.ops[0].buffers
     for tokens in range(2, 2 + 3 * pool.max_shapes):
         compiled(*forward_inputs(tokens=tokens))
-    assert len(pool._storages) == pool.max_shapes
+    assert len(pool) == pool.max_shapes
