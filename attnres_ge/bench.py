@@ -21,6 +21,10 @@ Providers:
   torch-eager    the plain formula (concatenate, RMS-norm, softmax, weighted sum) and its autograd
   torch-inductor torch.compile of a concatenation-free formula, forward and autograd backward
 
+For short kernels (decode-like shapes) each op path's per-call overhead above the kernel is
+reported, and beside it the floor any torch.compile'd call pays (dynamo + AOTAutograd on a
+one-op graph), measured in the same run: op-graph's overhead includes it.
+
     attnres-ge bench [--shapes NAME ...] [--dtypes float32 bfloat16] [--providers ...] [--json F] [--plot F]
 """
 
@@ -257,6 +261,36 @@ def speedups(results: list[Measurement]) -> list[dict]:
 
 
 OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the difference of two medians is noise, not overhead
+FLOOR_CALLS = 2000
+
+
+def compile_floor_us(calls: int = FLOOR_CALLS) -> float:
+    """What torch.compile itself adds to every call of a compiled graph (dynamo's guards and frame
+    handling, AOTAutograd's runtime wrappers), in microseconds: a one-op graph through the same
+    pipeline as `backend="attnres_ge"` (dynamo, then AOTAutograd), minus the op run eagerly.
+    The op-graph overhead above the kernel includes this floor; the rest is ours."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def one_op(tensor):
+        return tensor.neg()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(one_op, backend=aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward)),
+                             fullgraph=True, dynamic=False)
+    tensor = torch.randn(16, 16)
+
+    def median_us(call):
+        for _ in range(calls // 10):  # warm up (and compile)
+            call(tensor)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            call(tensor)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    return median_us(compiled) - median_us(one_op)
 
 
 def call_overheads(results: list[Measurement]) -> list[dict]:
@@ -351,10 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     for row in overheads:
         print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} costs "
               f"{row['overhead_us']:.1f} us per call above the kernel")
+    floor = compile_floor_us() if any(row["provider"] == "op-graph" for row in overheads) else None
+    if floor is not None:
+        print(f"  torch.compile floor (dynamo + AOTAutograd on a one-op graph): {floor:.1f} us per call, "
+              "included in every op-graph overhead above")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": about, "results": [asdict(m) for m in results], "speedups": ratios,
-                       "overheads": overheads}, handle, indent=1)
+                       "overheads": overheads, "compile_floor_us": floor}, handle, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")

@@ -22,6 +22,7 @@ def test_bench_writes_every_measurement(tmp_path):
     assert {(r["provider"], r["direction"]) for r in report["overheads"]} == {
         (p, d) for p in ("op-eager", "op-graph") for d in ("forward", "backward")}
     assert report["machine"]["kernels"] in ("native", "python")
+    assert report["compile_floor_us"] > 0  # a compiled call costs more than the same op eager
 
 
 def test_bench_plot_writes_a_png(tmp_path):
