@@ -31,6 +31,7 @@ one-op graph), measured in the same run: op-graph's overhead includes it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform as host_platform
 import resource
@@ -260,7 +261,7 @@ def speedups(results: list[Measurement]) -> list[dict]:
     return rows
 
 
-OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the difference of two medians is noise, not overhead
+OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the overhead is lost in the kernel's own spread
 FLOOR_CALLS = 2000
 
 
@@ -293,17 +294,57 @@ def compile_floor_us(calls: int = FLOOR_CALLS) -> float:
     return median_us(compiled) - median_us(one_op)
 
 
-def call_overheads(results: list[Measurement]) -> list[dict]:
-    """Per-call time of each op path above the bare kernel's (median minus median), in microseconds,
-    where the kernel is short enough (decode-like shapes) for the difference to mean something."""
+OVERHEAD_ROUNDS = 1001
+
+
+def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) -> list[dict]:
+    """Per-call time of each op path above the bare kernel, in microseconds, for every (shape, dtype) whose
+    kernel is short enough (decode-like shapes) for the overhead to matter.
+
+    Measured in rounds of (kernel, op path) calls and reported as the median of the per-round
+    differences (single calls on a shared host spread by tens of microseconds, so the difference of
+    two separately taken medians would be mostly noise), twice: `overhead_us` with the calls back to
+    back (caches warm, as in a loop of this op alone) and `overhead_cold_us` with a copy of the value
+    stack's size before every call (as after the rest of a model's step: the Python path then runs
+    from cold caches and costs several times more)."""
     keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results}
+    short = sorted({(m.shape, m.dtype) for m in results
+                    if m.provider == "kernel" and m.median_ms < OVERHEAD_KERNEL_MS})
     rows = []
-    for (shape, dtype, direction, provider), measurement in keyed.items():
-        kernel = keyed.get((shape, dtype, direction, "kernel"))
-        if provider in ("op-eager", "op-graph") and kernel is not None and kernel.median_ms < OVERHEAD_KERNEL_MS:
-            rows.append({"shape": shape, "dtype": dtype, "direction": direction, "provider": provider,
-                         "overhead_us": 1e3 * (measurement.median_ms - kernel.median_ms)})
+    for shape, dtype in short:
+        case = Case(SHAPES[shape], DTYPES[dtype])
+        source = torch.randn(case.inputs[1].numel()).to(DTYPES[dtype])
+        copy = functools.partial(torch.empty_like(source).copy_, source)
+        paths = [name for name in ("op-eager", "op-graph") if (shape, dtype, "forward", name) in keyed]
+        providers = {name: case.provider(name) for name in ["kernel", *paths]}
+        for direction in ("forward", "backward"):
+            calls = {name: provider[direction] for name, provider in providers.items()}
+            warm, cold = paired_differences(calls, None, rounds), paired_differences(calls, copy, rounds)
+            rows += [{"shape": shape, "dtype": dtype, "direction": direction, "provider": name,
+                      "overhead_us": 1e6 * statistics.median(warm[name]),
+                      "overhead_cold_us": 1e6 * statistics.median(cold[name])} for name in paths]
     return rows
+
+
+def paired_differences(calls: dict[str, Callable[[], object]], copy: Callable[[], object] | None, rounds: int,
+                       warmup: int = 20) -> dict[str, list[float]]:
+    """Per round, each call (after a copy, if given); each non-kernel call's time minus the kernel's that round."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    differences = {name: [] for name in calls if name != "kernel"}
+    for _ in range(rounds):
+        times = {}
+        for name, call in calls.items():
+            if copy is not None:
+                copy()
+            start = time.perf_counter()
+            result = call()
+            times[name] = time.perf_counter() - start
+            del result
+        for name in differences:
+            differences[name].append(times[name] - times["kernel"])
+    return differences
 
 
 def machine() -> dict:
@@ -384,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     overheads = call_overheads(results)
     for row in overheads:
         print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} costs "
-              f"{row['overhead_us']:.1f} us per call above the kernel")
+              f"{row['overhead_us']:.1f} us per call above the kernel back to back, "
+              f"{row['overhead_cold_us']:.1f} us after a copy")
     floor = compile_floor_us() if any(row["provider"] == "op-graph" for row in overheads) else None
     if floor is not None:
         print(f"  torch.compile floor (dynamo + AOTAutograd on a one-op graph): {floor:.1f} us per call, "
