@@ -19,6 +19,7 @@ import torch
 
 from ..op_kernel import KERNELS
 from ..op_proto import BACKWARD, FORWARD, OpPrototype, TensorMeta
+from ..op_proto.op_def import Checker
 from . import block_attention_residuals_grad_tiling as grad_tiling
 from . import block_attention_residuals_tiling as forward_tiling
 from .platform import PlatformInfo, host_profile
@@ -87,6 +88,9 @@ class HostRuntime:
                 return cached
         metas = proto.input_metas(tensors)
         bound, outputs = proto.check(metas, attrs, where)
+        device = metas["partial_block"].device
+        if device is not None and device.type != "cpu":  # the host kernels read the data where it lies
+            Checker(proto.op_type, where).fail(f"the host runtime runs CPU tensors only, got tensors on {device}")
         dtype = metas["partial_block"].dtype
         plan = ShapePlan(proto.op_type, dtype, tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
         with self._lock:

@@ -264,6 +264,13 @@ def test_buffers_are_reused_only_when_nobody_holds_them():
     assert view_of_probs.data_ptr() != 0
 
 
+def test_tensors_off_the_cpu_are_refused_before_any_kernel_reads_them():
+    compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    meta_inputs = [tensor.to("meta") for tensor in forward_inputs()]
+    with pytest.raises(AttnResInputError, match=r"BlockAttentionResiduals .*CPU tensors only, got tensors on meta"):
+        compiled(*meta_inputs)
+
+
 def test_dump_writes_pbtxt_that_parses_back(tmp_path):
     graph_def = build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True)
     compile_graph(graph_def, dump_path=tmp_path / "dump")
