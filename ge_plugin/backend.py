@@ -4,10 +4,14 @@
     torch.compile(model, backend="attnres_ge")        # the same, registered with dynamo
 
 Dynamo's graph goes through AOTAutograd, so the forward and the backward FX graphs both come
-here. In each, every node of the attnres ops (or CANN's same-schema ops) is converted by its
-converter into a GE GraphDef, compiled by the local GE (prototype check, InferShape against
-torch's traced tensors, TilingParse) and replaced by a call of the compiled graph; every other
-node stays the torch code it was and runs as is, so results are bit-identical to eager.
+here. A graph in which no value can carry a gradient (grad mode off, or no input nor traced
+value requiring one) skips AOTAutograd and is lowered as dynamo traced it, which spares each
+call AOTAutograd's runtime wrappers; dynamo guards on grad mode and on every input's
+requires_grad, so such a graph never runs where a gradient is wanted. In every graph, each
+node of the attnres ops (or CANN's same-schema ops) is converted by its converter into a GE
+GraphDef, compiled by the local GE (prototype check, InferShape against torch's traced
+tensors, TilingParse) and replaced by a call of the compiled graph; every other node stays
+the torch code it was and runs as is, so results are bit-identical to eager.
 Dynamic token counts compile once: unknown dims stay -1 and Tiling runs per actual shape.
 """
 
@@ -55,12 +59,23 @@ class GeBackend:
         self._aot = aot_autograd(fw_compiler=self.compile_fx_graph, bw_compiler=self.compile_fx_graph)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence, **kwargs):
-        return self._aot(gm, example_inputs)
+        if _may_need_gradients(gm, example_inputs):
+            return self._aot(gm, example_inputs)
+        for node in gm.graph.nodes:  # dynamo's graph: ops by packet, traced values as example_value
+            if isinstance(node.target, torch._ops.OpOverloadPacket):
+                node.target = node.target.default
+            if "val" not in node.meta and "example_value" in node.meta:
+                node.meta["val"] = node.meta["example_value"]
+        return self.lower_fx_graph(gm).forward
 
     def compile_fx_graph(self, gm: fx.GraphModule, example_inputs: Sequence):
-        """Lower our op nodes of one AOT graph to compiled GE graphs; the rest runs as torch code."""
+        """AOTAutograd's compiler: lower one of its graphs (forward or backward), boxed as it calls them."""
         from torch._functorch.aot_autograd import make_boxed_func
 
+        return make_boxed_func(self.lower_fx_graph(gm).forward)
+
+    def lower_fx_graph(self, gm: fx.GraphModule) -> fx.GraphModule:
+        """Lower our op nodes to compiled GE graphs; the rest runs as torch code."""
         converters = local_converters()
         for node in list(gm.graph.nodes):
             if node.op == "call_function" and node.target in converters:
@@ -68,7 +83,7 @@ class GeBackend:
         gm.graph.lint()
         gm.recompile()
         self.fx_graphs.append(gm)
-        return make_boxed_func(gm.forward)
+        return gm
 
     def _lower(self, gm: fx.GraphModule, node: fx.Node, converter) -> None:
         graph_def, tensor_args = build_node_graph(node, converter)
@@ -81,6 +96,15 @@ class GeBackend:
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
+
+
+def _may_need_gradients(gm: fx.GraphModule, example_inputs: Sequence) -> bool:
+    """Whether grad mode is on and any input or traced value of the graph requires a gradient."""
+    if not torch.is_grad_enabled():
+        return False
+    traced = [node.meta.get("example_value") for node in gm.graph.nodes]
+    values = torch.utils._pytree.tree_leaves([list(example_inputs), traced])
+    return any(isinstance(value, torch.Tensor) and value.requires_grad for value in values)
 
 
 def ge_backend(*, dump_path: str | Path | None = None, runtime: HostRuntime | None = None) -> GeBackend:

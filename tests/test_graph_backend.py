@@ -71,6 +71,26 @@ def test_forward_only_is_bit_identical(dtype):
     assert graph.op[-2].attr["need_backward"].b is False
 
 
+def test_graphs_without_gradients_skip_aot_autograd(monkeypatch):
+    layer = make_layer()
+    partial, block_res = make_inputs()
+    backend = attnres_ge.ge_backend()
+
+    def refuse(*args):
+        raise AssertionError("AOTAutograd ran for a graph in which nothing needs a gradient")
+
+    monkeypatch.setattr(backend, "_aot", refuse)
+    with torch.no_grad():  # the layer's parameters require grad, but grad mode is off
+        assert torch.equal(torch.compile(layer, backend=backend)(partial, block_res), layer(partial, block_res))
+    ops = torch.ops.attnres  # grad mode on, no tensor requiring grad
+    want = ops.block_attention_residuals(partial, block_res, layer.proj_weight.detach(),
+                                         layer.norm_weight.detach(), need_backward=True)
+    got = torch.compile(ops.block_attention_residuals, backend=backend)(
+        partial, block_res, layer.proj_weight.detach(), layer.norm_weight.detach(), need_backward=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert len(backend.fx_graphs) == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_and_backward_of_one_layer_are_bit_identical(dtype):
     layer = make_layer(dtype)
