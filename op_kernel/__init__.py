@@ -9,7 +9,7 @@ Two implementations share one signature per op (tensors, outputs, workspace, til
 ATTNRES_GE_KERNEL (`native`, `python`, or `auto`, the default). `auto` takes the
 native kernels when `_native` imports and otherwise the Python ones, with one
 warning saying why and how to build. `get_kernels(name)` returns a specific
-implementation (tests compare the two); `set_implementation(name)` switches.
+implementation (tests compare the two); `KERNELS.set_implementation(name)` switches.
 
 Both kernels check every tensor against the tiling record. `KERNELS.launch(op_type,
 tiling, dtype)` is what the host runtime calls instead, once per plan: a
@@ -167,11 +167,6 @@ def active_implementation() -> str:
     return KERNELS.implementation
 
 
-def set_implementation(implementation: str | None) -> None:
-    """Switch KERNELS to "native" or "python"; None returns to ATTNRES_GE_KERNEL / auto."""
-    KERNELS.set_implementation(implementation)
-
-
 __all__ = [
     "KERNELS",
     "KERNEL_ENV",
@@ -181,5 +176,4 @@ __all__ = [
     "block_attention_residuals_kernel",
     "get_kernels",
     "native_available",
-    "set_implementation",
 ]

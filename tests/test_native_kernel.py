@@ -251,25 +251,25 @@ class TestDispatch:
     def test_environment_forces_an_implementation(self, monkeypatch):
         try:
             monkeypatch.setenv(op_kernel.KERNEL_ENV, "python")
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
             assert op_kernel.active_implementation() == "python"
             monkeypatch.setenv(op_kernel.KERNEL_ENV, "native")
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
             assert op_kernel.active_implementation() == "native"
             monkeypatch.setenv(op_kernel.KERNEL_ENV, "fortran")
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
             with pytest.raises(ValueError, match="ATTNRES_GE_KERNEL='fortran'"):
                 op_kernel.active_implementation()
         finally:
             monkeypatch.delenv(op_kernel.KERNEL_ENV)
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
 
     def test_missing_extension_falls_back_with_one_warning(self, monkeypatch):
         monkeypatch.delenv(op_kernel.KERNEL_ENV, raising=False)
         monkeypatch.setattr(op_kernel, "_native_kernels", None)
         monkeypatch.setattr(op_kernel, "NATIVE_UNAVAILABLE_REASON", "it was not built (test)")
         try:
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 assert op_kernel.KERNELS[FORWARD] is op_kernel.block_attention_residuals_kernel
@@ -281,4 +281,4 @@ class TestDispatch:
                 op_kernel.get_kernels("native")
         finally:
             monkeypatch.undo()
-            op_kernel.set_implementation(None)
+            op_kernel.KERNELS.set_implementation(None)
