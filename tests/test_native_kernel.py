@@ -241,6 +241,30 @@ def test_the_eager_op_runs_the_native_kernel():
         assert_bitwise_equal(name, a, b)
 
 
+def test_switching_implementation_reaches_plans_already_cached(monkeypatch):
+    inputs = make_inputs(20, 3, 48)
+    torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)  # planned, launched natively
+    made = []
+    python_launch = op_kernel.PYTHON_LAUNCHES[FORWARD]
+
+    def spy(tiling, dtype):
+        made.append(tiling)
+        return python_launch(tiling, dtype)
+
+    monkeypatch.setitem(op_kernel.PYTHON_LAUNCHES, FORWARD, spy)
+    try:
+        op_kernel.KERNELS.set_implementation("python")
+        outputs = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+        outputs_again = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+    finally:
+        op_kernel.KERNELS.set_implementation(None)
+    assert len(made) == 1  # the cached plan got a Python launch once, then reused it
+    direct, _ = run_forward(inputs, implementation="python")
+    for name, a, b, c in zip(FORWARD_NAMES, outputs, outputs_again, direct, strict=True):
+        assert_bitwise_equal(name, a, c)
+        assert_bitwise_equal(name, b, c)
+
+
 class TestDispatch:
     def test_get_kernels_names_both_implementations(self):
         assert op_kernel.get_kernels("native")[FORWARD].__module__.endswith("native")
