@@ -4,7 +4,9 @@
 importing this module raises ImportError when it was not built. The wrappers check
 every tensor against the tiling record (CPU, dtype, contiguity, element count) and
 hand data pointers and the record's fields to C++, which checks that the record
-covers the tokens and the hidden size exactly before the kernel walks it.
+covers the tokens and the hidden size exactly before the kernel walks it. The host
+runtime launches through `forward_launch`/`backward_launch` instead: made once per
+plan, for tensors the plan already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are off by default: on the 2-core AMD EPYC VM
@@ -139,8 +141,8 @@ def block_attention_residuals_grad_native(
     )
 
 
-# Launches for tensors that already match a tiling record (see op_kernel.planned_launch): the record's
-# fields are converted once per plan and no tensor is checked; C++ still checks the record itself.
+# Launches for tensors that already match a tiling record (see KERNELS.launch in op_kernel): the
+# record's fields are converted once per plan and no tensor is checked; C++ still checks the record.
 
 
 def forward_launch(tiling: ForwardTilingData, dtype: torch.dtype) -> Callable:
