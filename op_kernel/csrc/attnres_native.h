@@ -303,12 +303,17 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 //   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared float row x (the backward's go)
 //   y_lanes += v[h] * w[h]   w: the float32 score weight
 // x and w are float buffers in the lane layout of T, zero padded to a multiple of 16.
+// ahead (elements, 0 for none): each step prefetches v[h + ahead]. The rows of consecutive
+// tokens follow one another in memory, so a distance of a few KiB keeps the memory reads of
+// this pass in flight while it computes (the hardware prefetcher alone falls behind). A
+// prefetch never faults, so running past the end of a row or buffer is harmless.
 template <bool kSquares, typename T>
 inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, int64_t h1, V16& x_lanes,
-                        V16& y_lanes) {
+                        V16& y_lanes, int64_t ahead = 0) {
   V16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
+    if (ahead != 0) prefetch(v + h + ahead);
     const V16 value = vload(v + h);
     xs = vfma(value, kSquares ? value : vload(x + h), xs);
     ys = vfma(value, vload(w + h), ys);
@@ -326,10 +331,14 @@ inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, 
 // instead of 4. Each row's lanes see exactly the operations dot_lanes_1 would apply.
 template <bool kSquares, typename T>
 inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, int64_t h0, int64_t h1, V16& xa,
-                        V16& ya, V16& xb, V16& yb) {
+                        V16& ya, V16& xb, V16& yb, int64_t ahead = 0) {
   V16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
+    if (ahead != 0) {
+      prefetch(a + h + ahead);
+      prefetch(b + h + ahead);
+    }
     const V16 va = vload(a + h), vb = vload(b + h), wv = vload(w + h);
     V16 xv;
     if (!kSquares) xv = vload(x + h);
@@ -351,13 +360,13 @@ inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, 
 // All rows of one token over [h0, h1), two rows at a time.
 template <bool kSquares, typename T>
 inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const float* x, const float* w, int64_t h0,
-                           int64_t h1, V16* x_lanes, V16* y_lanes) {
+                           int64_t h1, V16* x_lanes, V16* y_lanes, int64_t ahead = 0) {
   int64_t i = 0;
   for (; i + 2 <= row_num; i += 2) {
     dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
-                          y_lanes[i + 1]);
+                          y_lanes[i + 1], ahead);
   }
-  if (i < row_num) dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i]);
+  if (i < row_num) dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], ahead);
 }
 
 inline int64_t padded_hidden(int64_t hidden) { return (hidden + kLanes - 1) / kLanes * kLanes; }

@@ -21,6 +21,11 @@
 namespace attnres {
 namespace {
 
+// How far ahead pass 1 prefetches the value rows. Measured on a 2-core EPYC VM at T=4096,
+// N=8, H=2048 against no prefetch in pass 1: 8-16 KiB made the float32 forward 7-15%
+// faster and bfloat16 2-7%; the backward's pass 1 (more arithmetic per byte) gained nothing.
+constexpr int64_t kPass1PrefetchBytes = 16 * 1024;
+
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
 // next_rows (or null): the rows of the token this core takes up a block later; their
 // lines at h are prefetched, so the memory reads of the next block overlap this
@@ -95,6 +100,7 @@ void forward_impl(const ForwardArgs& args) {
   std::vector<float> w(padded_hidden(hidden));  // [H_pad] score weight, lane layout of T
   score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden, w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
+  const int64_t prefetch_ahead = kPass1PrefetchBytes / static_cast<int64_t>(sizeof(T));
 
 #pragma omp parallel num_threads(static_cast<int>(args.used_core_num)) if (args.used_core_num > 1)
   {
@@ -117,7 +123,7 @@ void forward_impl(const ForwardArgs& args) {
           for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = vzero();
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
-                                 tiles.end(tile), square_lanes.data(), score_lanes.data());
+                                 tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
           }
           norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
                             inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows);
