@@ -262,15 +262,15 @@ def speedups(results: list[Measurement]) -> list[dict]:
 
 
 OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the overhead is lost in the kernel's own spread
-FLOOR_CALLS = 2000
+FLOOR_ROUNDS = 2001
 
 
-def compile_floor_us(calls: int = FLOOR_CALLS) -> float:
+def compile_floor_us(rounds: int = FLOOR_ROUNDS) -> float:
     """What torch.compile itself adds to every call of a compiled graph, in microseconds: a graph of
     one aten op (nothing for our backend to lower) compiled with `backend="attnres_ge"`, minus the op
-    run eagerly. That is dynamo's guards and frame handling, plus AOTAutograd's runtime wrappers where
-    a gradient may be needed (the benchmark's calls need none, so the backend skips AOTAutograd).
-    The op-graph overhead above the kernel includes this floor; the rest is ours."""
+    run eagerly (median of paired differences). That is dynamo's guards and frame handling, plus
+    AOTAutograd's runtime wrappers where a gradient may be needed (the benchmark's calls need none,
+    so the backend skips AOTAutograd). The op-graph overhead above the kernel includes this floor."""
 
     def one_op(tensor):
         return tensor.neg()
@@ -278,18 +278,8 @@ def compile_floor_us(calls: int = FLOOR_CALLS) -> float:
     torch._dynamo.reset()
     compiled = torch.compile(one_op, backend="attnres_ge", fullgraph=True, dynamic=False)
     tensor = torch.randn(16, 16)
-
-    def median_us(call):
-        for _ in range(calls // 10):  # warm up (and compile)
-            call(tensor)
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            call(tensor)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e6
-
-    return median_us(compiled) - median_us(one_op)
+    calls = {"eager": functools.partial(one_op, tensor), "compiled": functools.partial(compiled, tensor)}
+    return 1e6 * statistics.median(paired_differences(calls, "eager", None, rounds)["compiled"])
 
 
 OVERHEAD_ROUNDS = 1001
@@ -317,20 +307,21 @@ def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) ->
         providers = {name: case.provider(name) for name in ["kernel", *paths]}
         for direction in ("forward", "backward"):
             calls = {name: provider[direction] for name, provider in providers.items()}
-            warm, cold = paired_differences(calls, None, rounds), paired_differences(calls, copy, rounds)
+            warm = paired_differences(calls, "kernel", None, rounds)
+            cold = paired_differences(calls, "kernel", copy, rounds)
             rows += [{"shape": shape, "dtype": dtype, "direction": direction, "provider": name,
                       "overhead_us": 1e6 * statistics.median(warm[name]),
                       "overhead_cold_us": 1e6 * statistics.median(cold[name])} for name in paths]
     return rows
 
 
-def paired_differences(calls: dict[str, Callable[[], object]], copy: Callable[[], object] | None, rounds: int,
-                       warmup: int = 20) -> dict[str, list[float]]:
-    """Per round, each call (after a copy, if given); each non-kernel call's time minus the kernel's that round."""
+def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, copy: Callable[[], object] | None,
+                       rounds: int, warmup: int = 20) -> dict[str, list[float]]:
+    """Per round, each call (after a copy, if given); each other call's time minus the baseline's that round."""
     for _ in range(warmup):
         for call in calls.values():
             call()
-    differences = {name: [] for name in calls if name != "kernel"}
+    differences = {name: [] for name in calls if name != baseline}
     for _ in range(rounds):
         times = {}
         for name, call in calls.items():
@@ -341,7 +332,7 @@ def paired_differences(calls: dict[str, Callable[[], object]], copy: Callable[[]
             times[name] = time.perf_counter() - start
             del result
         for name in differences:
-            differences[name].append(times[name] - times["kernel"])
+            differences[name].append(times[name] - times[baseline])
     return differences
 
 
