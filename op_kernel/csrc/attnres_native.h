@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -399,6 +400,27 @@ inline void from_lane_layout(const float* lanes, int64_t hidden, float* out) {
     }
   }
 }
+
+// A float scratch row [floats] placed at `phase_bytes` (a multiple of 64) from `reference`
+// modulo 4 KiB. A load whose address shares its low 12 bits with an earlier store still in
+// flight waits for that store ("4K aliasing"). The backward's pass 2 loads its scratch rows
+// (go, w, the chunk row) at the same h as it stores the gradient rows, so scratch that happens
+// to sit at the gradient rows' page offset makes every such load wait: measured 2.5x slower
+// with streaming stores and about 10% with plain ones, depending only on where malloc put it.
+class PhasedRow {
+ public:
+  PhasedRow(int64_t floats, const void* reference, int64_t phase_bytes) : storage_(floats + kPage / 4) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
+    const uintptr_t target = (reinterpret_cast<uintptr_t>(reference) / 64 * 64 + phase_bytes) % kPage;
+    data_ = reinterpret_cast<float*>(base + (target + kPage - base % kPage) % kPage);
+  }
+  float* data() { return data_; }
+
+ private:
+  static constexpr uintptr_t kPage = 4096;
+  std::vector<float> storage_;
+  float* data_;
+};
 
 // Streaming stores need 32-byte aligned groups: the base and every row start aligned.
 template <typename T>

@@ -142,7 +142,9 @@ void backward_impl(const BackwardArgs& args) {
   const T* norm_weight = static_cast<const T*>(args.norm_weight);
 
   const int64_t hidden_pad = padded_hidden(hidden);
-  std::vector<float> w(hidden_pad);  // [H_pad] score weight, lane layout of T
+  // The float rows pass 2 loads, at distinct distances from the gradient rows it stores (PhasedRow).
+  const void* grad_rows_start = blocks > 0 ? static_cast<const void*>(grad_blocks) : grad_partial;
+  PhasedRow w(hidden_pad, grad_rows_start, 1024);  // [H_pad] score weight, lane layout of T
   score_weight(norm_weight, proj_weight, hidden, w.data());
   const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
                       (blocks == 0 || can_stream<T>(grad_blocks, hidden));
@@ -154,8 +156,8 @@ void backward_impl(const BackwardArgs& args) {
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
     std::vector<float> g(rows);                                 // [N+1] scratch
-    std::vector<float> go(hidden_pad);         // [H_pad] grad_hidden_states[t] as float32, lane layout of T
-    std::vector<float> chunk_sum(hidden_pad);  // [H_pad] the chunk's weight-gradient row, lane layout of T
+    PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
+    PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
     std::vector<V16> g_lanes(rows), wv_lanes(rows);             // [N+1] lanes of the token in pass 1
     std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
     const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -164,7 +166,7 @@ void backward_impl(const BackwardArgs& args) {
       core_range(core, args.former_core_num, args.former_core_chunks, args.tail_core_chunks, &first, &last);
       const int64_t core_stop = std::min(last * args.chunk_tokens, args.tokens);  // this core's last token + 1
       for (int64_t chunk = first; chunk < last; ++chunk) {
-        std::fill(chunk_sum.begin(), chunk_sum.end(), 0.0f);
+        std::fill(chunk_sum.data(), chunk_sum.data() + hidden_pad, 0.0f);
         const int64_t chunk_stop = std::min((chunk + 1) * args.chunk_tokens, args.tokens);
         for (int64_t t0 = chunk * args.chunk_tokens; t0 < chunk_stop; t0 += block_tokens) {
           const int64_t t1 = std::min(t0 + block_tokens, chunk_stop);
