@@ -9,12 +9,14 @@ runtime launches through `forward_launch`/`backward_launch` instead: made once p
 plan, for tensors the plan already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
-lines (no read-for-ownership). They are off by default: on the 2-core AMD EPYC VM
-this was tuned on they made the float32 backward 10-20% faster in some processes
-and 2-2.5x slower in others (after the forward kernel and large torch copies had
-run interleaved; not understood), and slowed the 16-bit backward by about 10%.
-ATTNRES_GE_STREAM_MIN_BYTES=N turns them on for outputs of at least N bytes
-(4-byte outputs only in the backward), to measure on another machine.
+lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
+(8 MiB; 4-byte outputs only in the backward, where 16-bit ones measured no gain), which
+would leave the caches before anyone read them anyway: on the 2-core AMD EPYC VM this was
+tuned on, the float32 backward got 10-20% faster and the forward about as fast or a few
+percent faster. (They once made the backward 2.5x slower in some processes: its float
+scratch rows sat at the gradient rows' offset within a 4 KiB page, see PhasedRow in
+csrc/attnres_native.h.) ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold; a huge N
+turns them off.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..op_host.block_attention_residuals_tiling import ForwardTilingData
 from . import _native
 
 STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
-STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 1 << 62))  # default: never
+STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 8 << 20))
 VECTOR_PATH: str = _native.VECTOR_PATH
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # attnres::DType
 

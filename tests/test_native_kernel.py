@@ -175,7 +175,8 @@ def test_repeated_calls_give_the_same_bits(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_streaming_stores_write_the_same_bits(dtype, monkeypatch):
-    """The non-temporal store path (off by default) against the ordinary one; H = 1040 keeps rows 32-byte aligned."""
+    """The non-temporal store path (large outputs only by default) against the ordinary one; H = 1040 keeps rows
+    32-byte aligned."""
     from attnres_ge.op_kernel import native
 
     inputs, stats, grad_hidden, _ = backward_case(70, 3, 1040, dtype, seed=4)
