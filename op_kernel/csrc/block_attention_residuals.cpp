@@ -23,7 +23,7 @@ namespace {
 
 // How far ahead pass 1 prefetches the value rows. Measured on a 2-core EPYC VM at T=4096,
 // N=8, H=2048 against no prefetch in pass 1: 8-16 KiB made the float32 forward 7-15%
-// faster and bfloat16 2-7%; the backward's pass 1 (more arithmetic per byte) gained nothing.
+// faster and bfloat16 2-8%; the backward's pass 1 (more arithmetic per byte) gained nothing.
 constexpr int64_t kPass1PrefetchBytes = 16 * 1024;
 
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
