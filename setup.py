@@ -1,14 +1,18 @@
-"""Build of the native CPU kernels (attnres_ge.op_kernel._native); the metadata is in pyproject.toml.
+"""Build of the native extensions; the metadata is in pyproject.toml.
 
-The extension is compiled for the machine it is installed on (-march=native) with
-OpenMP, through torch.utils.cpp_extension, so torch must be importable at build time:
+  attnres_ge.op_kernel._native    the CPU kernels, compiled for the machine they are installed
+                                  on (-march=native) with OpenMP
+  attnres_ge.ge_plugin._eager     the torch ops' eager entry in C++ (needs _native)
+
+Both build through torch.utils.cpp_extension, so torch must be importable at build time:
 
     pip install torch==2.13.0
     pip install --no-build-isolation -e .
 
 It needs no downloads. When torch is not importable, or the compiler fails, the
-install goes on without the extension and the ops run the Python kernels (with one
-warning at first use); rebuild later with the same pip command.
+install goes on without the extension(s): without _native the ops run the Python
+kernels (with one warning at first use), without _eager the ops' Python entry runs
+every call; rebuild later with the same pip command.
 """
 
 from __future__ import annotations
@@ -25,13 +29,21 @@ SOURCES = [
     "op_kernel/csrc/block_attention_residuals.cpp",
     "op_kernel/csrc/block_attention_residuals_grad.cpp",
 ]
+# The torch ops' eager entry in C++ (dispatcher kernels, launch cache): torch headers, so it takes
+# longer to build; it calls the kernels of _native through a capsule, so they are compiled once.
+EAGER_MODULE = "attnres_ge.ge_plugin._eager"
+EAGER_SOURCES = ["ge_plugin/csrc/eager_entry.cpp"]
+WITHOUT = {  # what a failed build of each extension means
+    NATIVE_MODULE: "the Python kernels will be used",
+    EAGER_MODULE: "the ops' Python entry will run every call",
+}
 CXX_FLAGS = [
     "-O3",
     "-march=native",  # compiled for this machine: AVX2/FMA/F16C where it has them
     "-fopenmp",
     "-ffp-contract=off",  # only the kernels' explicit fused multiply-adds: fixed rounding
 ]
-SKIP_ENV = "ATTNRES_GE_NO_NATIVE"  # set to 1 to install without the native kernels
+SKIP_ENV = "ATTNRES_GE_NO_NATIVE"  # set to 1 to install without the native extensions
 
 
 def _say(message: str) -> None:
@@ -39,15 +51,15 @@ def _say(message: str) -> None:
 
 
 def _native_build():
-    """(ext_modules, cmdclass) for the native kernels, or ([], {}) when they cannot be built."""
+    """(ext_modules, cmdclass) for the native extensions, or ([], {}) when they cannot be built."""
     if os.environ.get(SKIP_ENV, "0") not in ("", "0"):
-        _say(f"{SKIP_ENV} is set: skipping the native kernels; the Python kernels will be used")
+        _say(f"{SKIP_ENV} is set: skipping the native extensions; the Python kernels will be used")
         return [], {}
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except Exception as error:  # torch missing or broken: not fatal
         _say(
-            f"torch is not importable at build time ({error!r}): skipping the native kernels; the Python "
+            f"torch is not importable at build time ({error!r}): skipping the native extensions; the Python "
             "kernels will be used. To build them: pip install torch==2.13.0, then "
             "pip install --no-build-isolation -e ."
         )
@@ -70,20 +82,26 @@ def _native_build():
             except Exception as error:  # compiler missing, unsupported flag, ...
                 self.failed.add(ext.name)
                 _say(
-                    f"building {ext.name} failed ({error}); installing without it: the Python kernels "
-                    "will be used. Fix the compiler and rerun pip install --no-build-isolation -e ."
+                    f"building {ext.name} failed ({error}); installing without it: {WITHOUT[ext.name]}. "
+                    "Fix the compiler and rerun pip install --no-build-isolation -e ."
                 )
             else:
                 _say(f"built {ext.name} in {time.perf_counter() - started:.1f} s")
 
-    extension = CppExtension(
+    kernels = CppExtension(
         NATIVE_MODULE,
         SOURCES,
         depends=["op_kernel/csrc/attnres_native.h"],  # rebuilt when it changes; shipped in an sdist
         extra_compile_args={"cxx": CXX_FLAGS},
         extra_link_args=["-fopenmp"],
     )
-    return [extension], {"build_ext": OptionalBuildExtension}
+    eager_entry = CppExtension(
+        EAGER_MODULE,
+        EAGER_SOURCES,
+        depends=["op_kernel/csrc/attnres_native.h"],
+        extra_compile_args={"cxx": ["-O2"]},
+    )
+    return [kernels, eager_entry], {"build_ext": OptionalBuildExtension}
 
 
 ext_modules, cmdclass = _native_build()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..op_proto import FORWARD
-from .op_common import LIBRARY, fake_outputs, run_eager
+from .op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
 
 NAME = "block_attention_residuals"
 SCHEMA = (
@@ -66,6 +66,7 @@ def _backward(ctx, grad_hidden_states, _grad_inv_norm, _grad_probs):
     return grad_partial, grad_blocks, grad_proj.reshape(proj_weight.shape), grad_norm, None, None, None
 
 
-LIBRARY.impl(NAME, _cpu, "CPU")
 torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
-torch.library.register_autograd(f"attnres::{NAME}", _backward, setup_context=_setup_context, lib=LIBRARY)
+if not CPP_ENTRY:  # else ge_plugin/csrc registers the CPU kernel and the same autograd in C++
+    LIBRARY.impl(NAME, _cpu, "CPU")
+    torch.library.register_autograd(f"attnres::{NAME}", _backward, setup_context=_setup_context, lib=LIBRARY)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..op_proto import BACKWARD
-from .op_common import LIBRARY, fake_outputs, run_eager
+from .op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
 
 NAME = "block_attention_residuals_backward"
 SCHEMA = (
@@ -42,5 +42,6 @@ def _fake(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states
     return fake_outputs(BACKWARD, tensors, {"valid_block_num": valid_block_num})
 
 
-LIBRARY.impl(NAME, _cpu, "CPU")
 torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
+if not CPP_ENTRY:  # else ge_plugin/csrc registers the CPU kernel in C++
+    LIBRARY.impl(NAME, _cpu, "CPU")

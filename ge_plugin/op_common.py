@@ -1,9 +1,10 @@
 """What the eager and fake implementations of both torch ops share.
 
-Both ops are defined on one torch.library.Library (namespace `attnres`), their eager
-implementation registered for the CPU dispatch key, the fake one with register_fake and
-the forward's autograd with register_autograd: the public API without custom_op's extra
-per-call Python layers (about 20 us a call, which a decode step would notice).
+Both ops are defined on one torch.library.Library (namespace `attnres`); the fake
+implementation is registered with register_fake. The eager entry (the CPU kernels and
+the forward's autograd) is the C++ one of ge_plugin/csrc when that extension is built
+(`CPP_ENTRY`): it runs a repeated input signature without entering Python. Its first call
+of each signature, and every call when it is not built, runs `run_eager` here.
 
 Eager (the two-phase flow of an aclnn call): the runtime's plan for these inputs
 (validation by the prototype's InferDataType/InferShape, then Tiling; cached per
@@ -19,24 +20,68 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..op_host.host_memory import empty_output
-from ..op_host.runtime import default_runtime
-from ..op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
+from ..op_host.host_memory import empty_output, from_huge_page_pool
+from ..op_host.runtime import ShapePlan, default_runtime
+from ..op_kernel import KERNELS
+from ..op_proto import BACKWARD, FORWARD, WHERE_EAGER, WHERE_FAKE, OpPrototype
 
 LIBRARY = torch.library.Library("attnres", "FRAGMENT")
+CPP_ENTRY_PROTOTYPES = (FORWARD, BACKWARD)  # by the op index the C++ entry passes
+
+
+def _launch(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping):
+    runtime = default_runtime()
+    plan = runtime.plan(proto, tensors, attrs, WHERE_EAGER)
+    tensors = [tensor.contiguous() for tensor in tensors]
+    outputs = tuple(empty_output(meta.shape, meta.dtype) for meta in plan.outputs)
+    runtime.run_kernel(plan, tensors, outputs)
+    return outputs, plan
 
 
 def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """Validate and tile (once per signature), allocate contiguous outputs, run the kernel."""
-    runtime = default_runtime()
-    plan = runtime.plan(proto, tensors, attrs, WHERE_EAGER)
-    tensors = [tensor.contiguous() for tensor in tensors]
-    outputs = [empty_output(meta.shape, meta.dtype) for meta in plan.outputs]
-    runtime.run_kernel(plan, tensors, outputs)
-    return tuple(outputs)
+    return _launch(proto, tensors, attrs)[0]
 
 
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """The same validation as eager; empty outputs of the inferred shapes and dtypes."""
     _, out_metas = proto.check(proto.input_metas(tensors), attrs, WHERE_FAKE)
     return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)
+
+
+def _first_call(op_index: int, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+    """The C++ entry's call for an input signature it has not cached: run_eager's outputs, and the launch
+    record of the plan (None when the C++ entry must not repeat it) and its workspace bytes."""
+    outputs, plan = _launch(CPP_ENTRY_PROTOTYPES[op_index], tensors, attrs)
+    return outputs, _repeatable_record(plan), plan.tiling.workspace_size
+
+
+def _repeatable_record(plan: ShapePlan):
+    """The launch record the C++ entry may repeat: the native one, unless outputs come from the huge-page pool
+    (whose mappings only the Python side hands out)."""
+    if any(from_huge_page_pool(meta.shape, meta.dtype) for meta in plan.outputs):
+        return None
+    return getattr(plan.launches.get(KERNELS.implementation), "record", None)  # native launches carry one
+
+
+def _install_cpp_entry() -> bool:
+    try:
+        from ..op_kernel.native import KERNEL_TABLE
+        from . import _eager
+    except ImportError:  # not built (or no native kernels to launch): the Python registrations stand in
+        return False
+    _eager.install(KERNEL_TABLE, _first_call)
+    KERNELS.switch_listeners.append(_eager.forget)
+    return True
+
+
+CPP_ENTRY = _install_cpp_entry()
+
+
+def forget_cached_launches() -> None:
+    """Make the C++ entry ask the Python one again for every signature (e.g. after replacing the process
+    runtime); nothing to do without it."""
+    if CPP_ENTRY:
+        from . import _eager
+
+        _eager.forget()

@@ -93,9 +93,14 @@ _pool = HugePagePool()
 _empty_of: dict[torch.dtype, torch.Tensor] = {}  # per dtype an empty CPU tensor: new_empty is the cheapest allocation
 
 
+def from_huge_page_pool(shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether empty_output takes an output of this shape and dtype from the huge-page pool."""
+    return math.prod(shape) * dtype.itemsize >= MIN_HUGE_BYTES and huge_pages_available()
+
+
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A fresh contiguous CPU output: from the huge-page pool when large and available; else torch's allocator."""
-    if math.prod(shape) * dtype.itemsize >= MIN_HUGE_BYTES and huge_pages_available():
+    if from_huge_page_pool(shape, dtype):
         return _pool.empty(tuple(shape), dtype)
     template = _empty_of.get(dtype)
     if template is None:

@@ -72,7 +72,7 @@ def _load_native() -> tuple[dict[str, Callable] | None, dict[str, Callable] | No
         FORWARD_OP: native.block_attention_residuals_native,
         BACKWARD_OP: native.block_attention_residuals_grad_native,
     }
-    return kernels, {FORWARD_OP: native.forward_launch, BACKWARD_OP: native.backward_launch}, ""
+    return kernels, {FORWARD_OP: native.ForwardLaunch, BACKWARD_OP: native.BackwardLaunch}, ""
 
 
 _native_kernels, _native_launches, NATIVE_UNAVAILABLE_REASON = _load_native()
@@ -118,6 +118,7 @@ class _KernelTable(Mapping):
         self._lock = threading.Lock()
         self._implementation: str | None = None
         self._kernels: dict[str, Callable] = {}
+        self.switch_listeners: list[Callable[[], None]] = []  # called after every set_implementation
 
     def _resolve(self) -> dict[str, Callable]:
         with self._lock:
@@ -140,6 +141,8 @@ class _KernelTable(Mapping):
             if implementation is not None:
                 self._kernels = get_kernels(implementation)
                 self._implementation = implementation
+        for listener in self.switch_listeners:
+            listener()
 
     def __getitem__(self, op_type: str) -> Callable:
         return self._resolve()[op_type]

@@ -1,12 +1,13 @@
 """The native (C++/OpenMP) kernels, with the same signatures as the Python kernels.
 
 `_native` is the extension built at install time from op_kernel/csrc (see setup.py);
-importing this module raises ImportError when it was not built. The wrappers check
-every tensor against the tiling record (CPU, dtype, contiguity, element count) and
-hand data pointers and the record's fields to C++, which checks that the record
-covers the tokens and the hidden size exactly before the kernel walks it. The host
-runtime launches through `forward_launch`/`backward_launch` instead: made once per
-plan, for tensors the plan already guarantees, they skip the per-tensor checks.
+importing this module raises ImportError when it was not built. A tiling record becomes
+a launch record in C++ (`forward_record`/`backward_record`), which checks that it covers
+the tokens and the hidden size exactly, since the kernel walks it. The wrappers check
+every tensor against the tiling record (CPU, dtype, contiguity, element count) and hand
+the launch record and data pointers to the kernel. The host runtime launches through
+`ForwardLaunch`/`BackwardLaunch` instead: made once per plan, for tensors the plan
+already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
@@ -22,8 +23,6 @@ turns them off.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-
 import torch
 
 from ..op_host.block_attention_residuals_grad_tiling import BackwardTilingData
@@ -33,6 +32,7 @@ from . import _native
 STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
 STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 8 << 20))
 VECTOR_PATH: str = _native.VECTOR_PATH
+KERNEL_TABLE = _native.KERNEL_TABLE  # the kernels, for the torch ops' C++ entry (ge_plugin/csrc)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # attnres::DType
 
 
@@ -54,23 +54,26 @@ def _dtype_code(dtype: torch.dtype) -> int:
         raise ValueError(f"native kernel: dtype must be float32, float16 or bfloat16, got {dtype}") from None
 
 
-# The record's fields in the order _native takes them, after the pointers.
-def _forward_record(tiling: ForwardTilingData, dtype: torch.dtype) -> tuple:
+def forward_record(tiling: ForwardTilingData, dtype: torch.dtype) -> object:
+    """The launch record (_native checks that it tiles the tokens and H exactly) of a forward tiling."""
     stream = tiling.tokens * tiling.hidden * dtype.itemsize >= STREAM_MIN_BYTES
-    return (tiling.tokens, tiling.blocks, tiling.hidden,
-            tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
-            tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-            tiling.norm_eps, stream)  # fmt: skip
+    return _native.forward_record(
+        _dtype_code(dtype), tiling.tokens, tiling.blocks, tiling.hidden,
+        tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
+        tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+        tiling.norm_eps, stream)  # fmt: skip
 
 
-def _backward_record(tiling: BackwardTilingData, dtype: torch.dtype) -> tuple:
+def backward_record(tiling: BackwardTilingData, dtype: torch.dtype) -> object:
+    """The launch record (checked likewise) of a backward tiling."""
     output_bytes = (tiling.blocks + 1) * tiling.tokens * tiling.hidden * dtype.itemsize
     stream = dtype.itemsize == 4 and output_bytes >= STREAM_MIN_BYTES
-    return (tiling.tokens, tiling.blocks, tiling.hidden,
-            tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
-            tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
-            tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-            stream)  # fmt: skip
+    return _native.backward_record(
+        _dtype_code(dtype), tiling.tokens, tiling.blocks, tiling.hidden,
+        tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
+        tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
+        tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
+        stream)  # fmt: skip
 
 
 def _check_workspace(workspace: torch.Tensor, tiling: BackwardTilingData) -> int:
@@ -96,7 +99,7 @@ def block_attention_residuals_native(
     tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
     dtype, stats = partial_block.dtype, tokens * (blocks + 1)
     _native.forward(
-        _dtype_code(dtype),
+        forward_record(tiling, dtype),
         _address(partial_block, "partial_block", dtype, tokens * hidden),
         _address(block_res, "block_res", dtype, tokens * blocks * hidden),
         _address(proj_weight, "proj_weight", dtype, hidden),
@@ -104,7 +107,6 @@ def block_attention_residuals_native(
         _address(hidden_states, "hidden_states", dtype, tokens * hidden),
         _address(inv_norm, "inv_norm", torch.float32, stats) if tiling.need_backward else 0,
         _address(probs, "probs", torch.float32, stats) if tiling.need_backward else 0,
-        *_forward_record(tiling, dtype),
     )
 
 
@@ -126,7 +128,7 @@ def block_attention_residuals_grad_native(
     tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
     dtype, stats = partial_block.dtype, tokens * (blocks + 1)
     _native.backward(
-        _dtype_code(dtype),
+        backward_record(tiling, dtype),
         _address(partial_block, "partial_block", dtype, tokens * hidden),
         _address(block_res, "block_res", dtype, tokens * blocks * hidden),
         _address(proj_weight, "proj_weight", dtype, hidden),
@@ -139,31 +141,32 @@ def block_attention_residuals_grad_native(
         _address(grad_proj_weight, "grad_proj_weight", dtype, hidden),
         _address(grad_norm_weight, "grad_norm_weight", dtype, hidden),
         _check_workspace(workspace, tiling),
-        *_backward_record(tiling, dtype),
     )
 
 
 # Launches for tensors that already match a tiling record (see KERNELS.launch in op_kernel): the
-# record's fields are converted once per plan and no tensor is checked; C++ still checks the record.
+# launch record is made (and checked) once per plan and no tensor is checked per call.
 
 
-def forward_launch(tiling: ForwardTilingData, dtype: torch.dtype) -> Callable:
-    """`launch(inputs, outputs, workspace)` of the forward for this record and dtype."""
-    code, record, keep_stats = _dtype_code(dtype), _forward_record(tiling, dtype), bool(tiling.need_backward)
+class ForwardLaunch:
+    """`launch(inputs, outputs, workspace)` of the forward for one tiling record and dtype."""
 
-    def launch(inputs, outputs, workspace):
+    def __init__(self, tiling: ForwardTilingData, dtype: torch.dtype):
+        self.record = forward_record(tiling, dtype)  # also what the torch ops' C++ entry caches
+        self._keep_stats = bool(tiling.need_backward)
+
+    def __call__(self, inputs, outputs, workspace) -> None:
         hidden_states, inv_norm, probs = outputs
-        _native.forward(code, *[tensor.data_ptr() for tensor in inputs], hidden_states.data_ptr(),
-                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0, *record)
+        keep_stats = self._keep_stats
+        _native.forward(self.record, *[tensor.data_ptr() for tensor in inputs], hidden_states.data_ptr(),
+                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0)
 
-    return launch
 
+class BackwardLaunch:
+    """`launch(inputs, outputs, workspace)` of the backward for one tiling record and dtype."""
 
-def backward_launch(tiling: BackwardTilingData, dtype: torch.dtype) -> Callable:
-    """`launch(inputs, outputs, workspace)` of the backward for this record and dtype."""
-    code, record = _dtype_code(dtype), _backward_record(tiling, dtype)
+    def __init__(self, tiling: BackwardTilingData, dtype: torch.dtype):
+        self.record = backward_record(tiling, dtype)
 
-    def launch(inputs, outputs, workspace):
-        _native.backward(code, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)], *record)
-
-    return launch
+    def __call__(self, inputs, outputs, workspace) -> None:
+        _native.backward(self.record, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)])

@@ -500,6 +500,19 @@ struct BackwardArgs {
 void block_attention_residuals_forward(const ForwardArgs& args);
 void block_attention_residuals_backward(const BackwardArgs& args);
 
+// What the bindings module (_native) hands out in PyCapsules, to Python and to the torch ops'
+// C++ entry (ge_plugin/csrc): a launch record is a ForwardArgs or BackwardArgs whose tiling fields
+// the module has checked (they deal out the tokens and tile H exactly), its pointers unset; the
+// kernel table gives the kernels themselves.
+constexpr const char* kForwardRecordCapsule = "attnres_ge.ForwardArgs";
+constexpr const char* kBackwardRecordCapsule = "attnres_ge.BackwardArgs";
+constexpr const char* kKernelTableCapsule = "attnres_ge.KernelTable";
+
+struct KernelTable {
+  void (*forward)(const ForwardArgs&);
+  void (*backward)(const BackwardArgs&);
+};
+
 // Whether this build uses the AVX2/FMA/F16C vector path (reported by the module).
 inline bool vector_path() { return ATTNRES_AVX2 != 0; }
 

@@ -1,13 +1,19 @@
 // Python bindings of the native kernels: module attnres_ge.op_kernel._native.
 //
 // Plain Python C API, no torch or pybind11 headers: those would take a minute of
-// the install's build time for what is a handful of integers per call. The
-// Python wrappers (op_kernel/native.py) check every tensor (device, dtype,
-// contiguity, element count against the tiling record) and pass data pointers;
-// this module checks that the record deals out exactly the tokens (chunks) and
-// tiles exactly the hidden size, so that the kernels, which walk the record,
-// stay inside the buffers the wrappers checked. It is private: call it only
-// through the wrappers.
+// the install's build time for what is a handful of integers per call.
+//
+//   forward_record / backward_record  a tiling record's fields -> a launch record
+//                                     (capsule), once this module has checked that
+//                                     they deal out exactly the tokens (chunks) and
+//                                     tile exactly the hidden size
+//   forward / backward                a launch record and data pointers -> the kernel
+//   KERNEL_TABLE                      the kernels, for the torch ops' C++ entry
+//
+// The kernels walk the record, so they stay inside buffers of the record's sizes;
+// that the pointers are such buffers is the caller's to guarantee: the Python
+// wrappers (op_kernel/native.py) check every tensor, the host runtime's plans
+// guarantee it by construction. It is private: call it only through the wrappers.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,18 +59,28 @@ P* pointer(unsigned long long address) {
   return reinterpret_cast<P*>(static_cast<uintptr_t>(address));
 }
 
-// forward(dtype_code, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs,
-//         tokens, blocks, hidden, used_core_num, former_core_num, former_core_tokens, tail_core_tokens,
-//         tokens_per_loop, h_tile, h_tile_num, h_last_tile, norm_eps, stream_stores)
-// Pointers are data addresses; inv_norm and probs are 0 when the statistics are not wanted.
-PyObject* forward(PyObject*, PyObject* args) {
+template <typename Args>
+void free_record(PyObject* capsule) {
+  delete static_cast<Args*>(PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule)));
+}
+
+template <typename Args>
+PyObject* record_capsule(const Args& args, const char* name) {
+  auto* record = new Args(args);
+  PyObject* capsule = PyCapsule_New(record, name, free_record<Args>);
+  if (capsule == nullptr) delete record;
+  return capsule;
+}
+
+// forward_record(dtype_code, tokens, blocks, hidden, used_core_num, former_core_num, former_core_tokens,
+//                tail_core_tokens, tokens_per_loop, h_tile, h_tile_num, h_last_tile, norm_eps, stream_stores)
+// -> a launch record (capsule kForwardRecordCapsule) once the fields tile the tokens and H exactly.
+PyObject* forward_record(PyObject*, PyObject* args) {
   int dtype_code, stream_stores;
-  unsigned long long partial, blocks_ptr, proj, norm, hidden_states, inv_norm, probs;
   long long tokens, blocks, hidden, used, former_num, former_tokens, tail_tokens, tokens_per_loop, h_tile,
       h_tile_num, h_last_tile;
   double norm_eps;
-  if (!PyArg_ParseTuple(args, "iKKKKKKKLLLLLLLLLLLdp", &dtype_code, &partial, &blocks_ptr, &proj, &norm,
-                        &hidden_states, &inv_norm, &probs, &tokens, &blocks, &hidden, &used, &former_num,
+  if (!PyArg_ParseTuple(args, "iLLLLLLLLLLLdp", &dtype_code, &tokens, &blocks, &hidden, &used, &former_num,
                         &former_tokens, &tail_tokens, &tokens_per_loop, &h_tile, &h_tile_num, &h_last_tile, &norm_eps,
                         &stream_stores)) {
     return nullptr;
@@ -78,17 +94,6 @@ PyObject* forward(PyObject*, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "BlockAttentionResiduals native kernel: %s", problem.c_str());
     return nullptr;
   }
-  if ((inv_norm == 0) != (probs == 0)) {
-    PyErr_SetString(PyExc_ValueError, "BlockAttentionResiduals native kernel: inv_norm and probs go together");
-    return nullptr;
-  }
-  a.partial_block = pointer<const void>(partial);
-  a.block_res = pointer<const void>(blocks_ptr);
-  a.proj_weight = pointer<const void>(proj);
-  a.norm_weight = pointer<const void>(norm);
-  a.hidden_states = pointer<void>(hidden_states);
-  a.inv_norm = pointer<float>(inv_norm);
-  a.probs = pointer<float>(probs);
   a.tokens = tokens;
   a.blocks = blocks;
   a.hidden = hidden;
@@ -99,28 +104,19 @@ PyObject* forward(PyObject*, PyObject* args) {
   a.tokens_per_loop = tokens_per_loop;
   a.norm_eps = static_cast<float>(norm_eps);
   a.stream_stores = stream_stores != 0;
-  if (tokens > 0) {
-    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a);
-    Py_END_ALLOW_THREADS
-  }
-  Py_RETURN_NONE;
+  return record_capsule(a, attnres::kForwardRecordCapsule);
 }
 
-// backward(dtype_code, partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
-//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace,
-//          tokens, blocks, hidden, used_core_num, former_core_num, former_core_chunks, tail_core_chunks,
-//          chunk_tokens, chunk_num, tokens_per_loop, h_tile, h_tile_num, h_last_tile, stream_stores)
-PyObject* backward(PyObject*, PyObject* args) {
+// backward_record(dtype_code, tokens, blocks, hidden, used_core_num, former_core_num, former_core_chunks,
+//                 tail_core_chunks, chunk_tokens, chunk_num, tokens_per_loop, h_tile, h_tile_num, h_last_tile,
+//                 stream_stores) -> a launch record (capsule kBackwardRecordCapsule), checked likewise.
+PyObject* backward_record(PyObject*, PyObject* args) {
   int dtype_code, stream_stores;
-  unsigned long long partial, blocks_ptr, proj, norm, grad_hidden, inv_norm, probs, grad_partial, grad_blocks,
-      grad_proj, grad_norm, workspace;
   long long tokens, blocks, hidden, used, former_num, former_chunks, tail_chunks, chunk_tokens, chunk_num,
       tokens_per_loop, h_tile, h_tile_num, h_last_tile;
-  if (!PyArg_ParseTuple(args, "iKKKKKKKKKKKKLLLLLLLLLLLLLp", &dtype_code, &partial, &blocks_ptr, &proj, &norm,
-                        &grad_hidden, &inv_norm, &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm,
-                        &workspace, &tokens, &blocks, &hidden, &used, &former_num, &former_chunks, &tail_chunks,
-                        &chunk_tokens, &chunk_num, &tokens_per_loop, &h_tile, &h_tile_num, &h_last_tile,
-                        &stream_stores)) {
+  if (!PyArg_ParseTuple(args, "iLLLLLLLLLLLLLp", &dtype_code, &tokens, &blocks, &hidden, &used, &former_num,
+                        &former_chunks, &tail_chunks, &chunk_tokens, &chunk_num, &tokens_per_loop, &h_tile,
+                        &h_tile_num, &h_last_tile, &stream_stores)) {
     return nullptr;
   }
   attnres::BackwardArgs a{};
@@ -136,6 +132,70 @@ PyObject* backward(PyObject*, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "BlockAttentionResidualsGrad native kernel: %s", problem.c_str());
     return nullptr;
   }
+  a.tokens = tokens;
+  a.blocks = blocks;
+  a.hidden = hidden;
+  a.used_core_num = used;
+  a.former_core_num = former_num;
+  a.former_core_chunks = former_chunks;
+  a.tail_core_chunks = tail_chunks;
+  a.chunk_tokens = chunk_tokens;
+  a.chunk_num = chunk_num;
+  a.tokens_per_loop = tokens_per_loop;
+  a.stream_stores = stream_stores != 0;
+  return record_capsule(a, attnres::kBackwardRecordCapsule);
+}
+
+// The record a capsule holds (a copy), or false with a Python error set.
+template <typename Args>
+bool record_from(PyObject* capsule, const char* name, Args* args) {
+  auto* record = static_cast<Args*>(PyCapsule_GetPointer(capsule, name));
+  if (record == nullptr) return false;  // not a capsule of that name: TypeError/ValueError set
+  *args = *record;
+  return true;
+}
+
+// forward(record, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs)
+// Pointers are data addresses; inv_norm and probs are 0 when the statistics are not wanted.
+PyObject* forward(PyObject*, PyObject* args) {
+  PyObject* record;
+  unsigned long long partial, blocks_ptr, proj, norm, hidden_states, inv_norm, probs;
+  if (!PyArg_ParseTuple(args, "OKKKKKKK", &record, &partial, &blocks_ptr, &proj, &norm, &hidden_states, &inv_norm,
+                        &probs)) {
+    return nullptr;
+  }
+  attnres::ForwardArgs a;
+  if (!record_from(record, attnres::kForwardRecordCapsule, &a)) return nullptr;
+  if ((inv_norm == 0) != (probs == 0)) {
+    PyErr_SetString(PyExc_ValueError, "BlockAttentionResiduals native kernel: inv_norm and probs go together");
+    return nullptr;
+  }
+  a.partial_block = pointer<const void>(partial);
+  a.block_res = pointer<const void>(blocks_ptr);
+  a.proj_weight = pointer<const void>(proj);
+  a.norm_weight = pointer<const void>(norm);
+  a.hidden_states = pointer<void>(hidden_states);
+  a.inv_norm = pointer<float>(inv_norm);
+  a.probs = pointer<float>(probs);
+  if (a.tokens > 0) {
+    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a);
+    Py_END_ALLOW_THREADS
+  }
+  Py_RETURN_NONE;
+}
+
+// backward(record, partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
+//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace)
+PyObject* backward(PyObject*, PyObject* args) {
+  PyObject* record;
+  unsigned long long partial, blocks_ptr, proj, norm, grad_hidden, inv_norm, probs, grad_partial, grad_blocks,
+      grad_proj, grad_norm, workspace;
+  if (!PyArg_ParseTuple(args, "OKKKKKKKKKKKK", &record, &partial, &blocks_ptr, &proj, &norm, &grad_hidden, &inv_norm,
+                        &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm, &workspace)) {
+    return nullptr;
+  }
+  attnres::BackwardArgs a;
+  if (!record_from(record, attnres::kBackwardRecordCapsule, &a)) return nullptr;
   a.partial_block = pointer<const void>(partial);
   a.block_res = pointer<const void>(blocks_ptr);
   a.proj_weight = pointer<const void>(proj);
@@ -148,23 +208,18 @@ PyObject* backward(PyObject*, PyObject* args) {
   a.grad_proj_weight = pointer<void>(grad_proj);
   a.grad_norm_weight = pointer<void>(grad_norm);
   a.chunk_rows = pointer<float>(workspace);
-  a.tokens = tokens;
-  a.blocks = blocks;
-  a.hidden = hidden;
-  a.used_core_num = used;
-  a.former_core_num = former_num;
-  a.former_core_chunks = former_chunks;
-  a.tail_core_chunks = tail_chunks;
-  a.chunk_tokens = chunk_tokens;
-  a.chunk_num = chunk_num;
-  a.tokens_per_loop = tokens_per_loop;
-  a.stream_stores = stream_stores != 0;
   Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_backward(a);
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }
 
+attnres::KernelTable kKernelTable{attnres::block_attention_residuals_forward,
+                                  attnres::block_attention_residuals_backward};
+
 PyMethodDef kMethods[] = {
+    {"forward_record", forward_record, METH_VARARGS, "BlockAttentionResiduals launch record (see op_kernel.native)"},
+    {"backward_record", backward_record, METH_VARARGS,
+     "BlockAttentionResidualsGrad launch record (see op_kernel.native)"},
     {"forward", forward, METH_VARARGS, "BlockAttentionResiduals kernel (call through op_kernel.native)"},
     {"backward", backward, METH_VARARGS, "BlockAttentionResidualsGrad kernel (call through op_kernel.native)"},
     {nullptr, nullptr, 0, nullptr},
@@ -181,7 +236,9 @@ PyMODINIT_FUNC PyInit__native() {
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
   if (PyModule_AddStringConstant(module, "VECTOR_PATH", attnres::vector_path() ? "avx2+fma+f16c" : "portable") < 0 ||
-      PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0) {
+      PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
+      PyModule_AddObject(module, "KERNEL_TABLE", PyCapsule_New(&kKernelTable, attnres::kKernelTableCapsule, nullptr)) <
+          0) {
     Py_DECREF(module);
     return nullptr;
   }
