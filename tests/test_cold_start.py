@@ -12,6 +12,7 @@ import torch
 from conftest import make_inputs
 
 import attnres_ge
+from attnres_ge.ge_plugin.op_common import forget_cached_launches
 from attnres_ge.op_host import runtime as runtime_module
 
 FIRST_CALL = textwrap.dedent(
@@ -69,6 +70,7 @@ def test_eight_threads_making_their_first_call_at_once(monkeypatch):
         runtime_module.PlatformInfo(runtime_module.host_profile(), filled=False, runtime=runtime_module.host_profile)
     )
     monkeypatch.setattr(runtime_module, "_default", fresh)
+    forget_cached_launches()  # so that every first call reaches the fresh runtime
     barrier = threading.Barrier(8)
     results: dict[int, object] = {}
 

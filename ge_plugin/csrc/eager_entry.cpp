@@ -20,7 +20,8 @@
 // that call made, on the same kernels, and give the same bits. forget() empties the cache
 // (the Python side calls it when the kernel implementation changes).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>

@@ -1,0 +1,187 @@
+"""The torch ops' eager entry in C++ (ge_plugin/csrc): the first call of a signature runs the Python
+entry, repeats run in C++ on the launch record it made, with the same bits; and without the extension
+the Python registrations give the same results."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, make_inputs
+
+import attnres_ge
+import attnres_ge.op_kernel as op_kernel
+from attnres_ge.ge_plugin import op_common
+from attnres_ge.op_host import host_memory
+
+pytestmark = pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
+
+forward_op = torch.ops.attnres.block_attention_residuals.default
+backward_op = torch.ops.attnres.block_attention_residuals_backward.default
+FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
+BACKWARD_NAMES = ("grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight")
+
+
+@pytest.fixture
+def python_entry_calls(monkeypatch):
+    """The op types the Python entry ran, in order (the C++ entry calls it only for signatures it has not cached)."""
+    calls = []
+    launch = op_common._launch
+
+    def spy(proto, tensors, attrs):
+        calls.append(proto.op_type)
+        return launch(proto, tensors, attrs)
+
+    monkeypatch.setattr(op_common, "_launch", spy)
+    return calls
+
+
+def cached_launches() -> int:
+    from attnres_ge.ge_plugin import _eager
+
+    return _eager.cached_launches()
+
+
+def test_a_repeated_signature_runs_in_cpp_with_the_first_calls_bits(python_entry_calls):
+    inputs = make_inputs(21, 3, 72, seed=5)  # a signature no other test uses
+    before = cached_launches()
+    first = forward_op(*inputs, -1, 1e-6, True)
+    assert python_entry_calls == ["BlockAttentionResiduals"] and cached_launches() == before + 1
+    repeats = [forward_op(*inputs, -1, 1e-6, True) for _ in range(3)]
+    assert python_entry_calls == ["BlockAttentionResiduals"]  # the repeats never entered Python
+    for outputs in repeats:
+        for name, a, b in zip(FORWARD_NAMES, outputs, first, strict=True):
+            assert_bitwise_equal(name, a, b)
+            assert a.data_ptr() != b.data_ptr()  # fresh outputs every call
+
+    grad_hidden = torch.randn(21, 72)
+    backward_inputs = (*inputs, grad_hidden, first[1], first[2])
+    first_grads = backward_op(*backward_inputs)
+    again = backward_op(*backward_inputs)
+    assert python_entry_calls == ["BlockAttentionResiduals", "BlockAttentionResidualsGrad"]
+    for name, a, b in zip(BACKWARD_NAMES, again, first_grads, strict=True):
+        assert_bitwise_equal(name, a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_repeats_in_16_bit_dtypes_and_without_statistics(dtype, python_entry_calls):
+    inputs = make_inputs(9, 2, 40, dtype, seed=6)
+    first = forward_op(*inputs, -1, 1e-6, False)
+    again = forward_op(*inputs, -1, 1e-6, False)
+    assert len(python_entry_calls) == 1
+    assert again[1].shape == (0,) and again[2].shape == (0,)
+    for name, a, b in zip(FORWARD_NAMES, again, first, strict=True):
+        assert_bitwise_equal(name, a, b)
+
+
+def test_non_contiguous_inputs_take_the_cached_launch(python_entry_calls):
+    inputs = make_inputs(13, 2, 48, seed=7)
+    first = forward_op(*inputs, -1, 1e-6, True)
+    strided = inputs[0].t().contiguous().t()  # the same values, transposed layout
+    again = forward_op(strided, *inputs[1:], -1, 1e-6, True)
+    assert len(python_entry_calls) == 1
+    for name, a, b in zip(FORWARD_NAMES, again, first, strict=True):
+        assert_bitwise_equal(name, a, b)
+
+
+def test_every_attribute_is_part_of_the_signature(python_entry_calls):
+    inputs = make_inputs(11, 2, 32, seed=8)
+    forward_op(*inputs, -1, 1e-6, True)
+    forward_op(*inputs, -1, 1e-5, True)
+    forward_op(*inputs, -1, 1e-6, False)
+    assert len(python_entry_calls) == 3
+
+
+def test_bad_input_is_refused_every_time_and_never_cached(python_entry_calls):
+    partial, blocks, proj, norm = make_inputs(6, 2, 16)
+    before = cached_launches()
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"BlockAttentionResiduals \(eager call\): block_res must have shape"):
+            forward_op(partial, blocks[:, :, :8], proj, norm, -1, 1e-6, True)
+        with pytest.raises(ValueError, match="norm_eps"):
+            forward_op(partial, blocks, proj, norm, -1, -1.0, True)
+    assert len(python_entry_calls) == 4 and cached_launches() == before
+
+
+def test_python_kernels_are_never_repeated_from_the_cache(python_entry_calls):
+    inputs = make_inputs(10, 2, 24, seed=9)
+    forward_op(*inputs, -1, 1e-6, True)  # cached for the native kernels
+    try:
+        op_kernel.KERNELS.set_implementation("python")
+        assert cached_launches() == 0  # switching forgets every cached launch
+        forward_op(*inputs, -1, 1e-6, True)
+        forward_op(*inputs, -1, 1e-6, True)
+        assert cached_launches() == 0
+    finally:
+        op_kernel.KERNELS.set_implementation(None)
+    assert len(python_entry_calls) == 3
+
+
+def test_outputs_from_the_huge_page_pool_are_never_repeated_from_the_cache(python_entry_calls, monkeypatch):
+    if not host_memory.huge_pages_available():
+        pytest.skip("transparent huge pages are off on this machine")
+    monkeypatch.setattr(host_memory, "MIN_HUGE_BYTES", 1)  # every output now comes from the pool
+    inputs = make_inputs(12, 2, 16, seed=10)
+    forward_op(*inputs, -1, 1e-6, True)
+    forward_op(*inputs, -1, 1e-6, True)
+    assert len(python_entry_calls) == 2
+
+
+def test_autograd_in_cpp_with_statistics_recomputed_when_not_saved():
+    inputs = make_inputs(14, 3, 40, seed=11)
+    grad_hidden = torch.randn(14, 40)
+    grads = {}
+    for need_backward in (True, False):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        hidden, inv_norm, probs = torch.ops.attnres.block_attention_residuals(*leaves, -1, 1e-6, need_backward)
+        assert not inv_norm.requires_grad and not probs.requires_grad
+        hidden.backward(grad_hidden)
+        grads[need_backward] = [leaf.grad for leaf in leaves]
+    for name, a, b in zip(("partial_block", "block_res", "proj_weight", "norm_weight"), *grads.values(), strict=True):
+        assert_bitwise_equal(name, a, b)
+
+
+PYTHON_ENTRY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["attnres_ge.ge_plugin._eager"] = None  # as if the extension were not built
+    import torch
+    import attnres_ge
+    from attnres_ge.ge_plugin import op_common
+    assert not op_common.CPP_ENTRY
+    sys.path.insert(0, {tests!r})
+    from test_eager_entry import STEP_SHAPE, training_step
+    from conftest import make_inputs
+    torch.save(training_step(), {path!r})
+    inputs = [t.requires_grad_() for t in make_inputs(*STEP_SHAPE)]
+    torch.library.opcheck(torch.ops.attnres.block_attention_residuals, (*inputs, -1, 1e-6, True))
+    print("python entry ok")
+    """
+)
+
+
+STEP_SHAPE = (17, 3, 56)  # T, N, H
+
+
+def training_step() -> list[torch.Tensor]:
+    """A training step's results through the public API: hidden_states and the four input gradients."""
+    leaves = [t.requires_grad_() for t in make_inputs(*STEP_SHAPE, seed=12)]
+    hidden = attnres_ge.block_attention_residuals(*leaves)
+    hidden.backward(torch.linspace(-1, 1, hidden.numel()).reshape(hidden.shape))
+    return [hidden.detach(), *[leaf.grad for leaf in leaves]]
+
+
+@pytest.mark.slow
+def test_without_the_extension_the_python_registrations_give_the_same_bits(tmp_path):
+    path = tmp_path / "python_entry.pt"
+    script = PYTHON_ENTRY_SCRIPT.format(tests=str(Path(__file__).parent), path=str(path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "python entry ok" in result.stdout
+    expected = torch.load(path)
+    for name, a, b in zip(("hidden_states", *BACKWARD_NAMES), training_step(), expected, strict=True):
+        assert_bitwise_equal(name, a, b)
