@@ -16,14 +16,16 @@ Providers:
   op-eager       torch.ops.attnres.* with fresh outputs each call (what eager training runs)
   op-graph       the same ops through torch.compile(backend="attnres_ge"): converter, local GE,
                  outputs and workspace planned per shape and reused (the graph path)
-  kernel         the kernels alone, outputs and workspace allocated once: the floor both op
-                 paths stand on; op time minus kernel time is the per-call overhead
+  kernel         the kernels alone, outputs and workspace allocated once, launched from a record
+                 prepared once (as the runtime launches them): the floor both op paths stand on;
+                 op time minus kernel time is the per-call overhead
   torch-eager    the plain formula (concatenate, RMS-norm, softmax, weighted sum) and its autograd
   torch-inductor torch.compile of a concatenation-free formula, forward and autograd backward
 
 For short kernels (decode-like shapes) each op path's per-call overhead above the kernel is
-reported, and beside it the floor any torch.compile'd call pays (a one-aten-op graph through
-the same backend), measured in the same run: op-graph's overhead includes it.
+reported, and beside op-graph's the overhead of the same calls under torch.compile with
+backend="eager" (what torch.compile itself costs a call of these ops), measured in the same
+rounds: op-graph's overhead includes it.
 
     attnres-ge bench [--shapes NAME ...] [--dtypes float32 bfloat16] [--providers ...] [--json F] [--plot F]
 """
@@ -133,14 +135,21 @@ class Case:
 
     def _op_graph(self):
         torch._dynamo.reset()  # a fresh cache per case: dynamo's recompile limit would silently fall back to eager
+        return self.compiled_ops("attnres_ge")
+
+    def compiled_ops(self, backend: str):
+        """The op-eager calls under torch.compile(backend=...); "eager" leaves the ops as they are, which is
+        what torch.compile itself costs a call of these ops."""
         ops = torch.ops.attnres
 
         def forward(partial_block, block_res, proj_weight, norm_weight):
             return ops.block_attention_residuals(partial_block, block_res, proj_weight, norm_weight, -1, NORM_EPS, True)
 
-        compiled_forward = torch.compile(forward, backend="attnres_ge", fullgraph=True, dynamic=False)
-        compiled_backward = torch.compile(ops.block_attention_residuals_backward.default, backend="attnres_ge",
-                                          fullgraph=True, dynamic=False)
+        def backward(*tensors):
+            return ops.block_attention_residuals_backward(*tensors)
+
+        compiled_forward = torch.compile(forward, backend=backend, fullgraph=True, dynamic=False)
+        compiled_backward = torch.compile(backward, backend=backend, fullgraph=True, dynamic=False)
         stats = (self.grad_hidden, self.inv_norm, self.probs)
         return {
             "forward": lambda: compiled_forward(*self.inputs),
@@ -159,15 +168,16 @@ class Case:
         forward = forward_tiling.tiling(forward_tiling.parse(platform), tokens, blocks, hidden, self.dtype, NORM_EPS,
                                         True, platform)
         backward = grad_tiling.tiling(grad_tiling.parse(platform), tokens, blocks, hidden, self.dtype, platform)
-        partial, block_res, proj, norm = self.inputs
-        forward_out = (torch.empty_like(partial), torch.empty(tokens, blocks + 1), torch.empty(tokens, blocks + 1))
+        forward_out = (torch.empty_like(self.inputs[0]), torch.empty(tokens, blocks + 1), torch.empty(tokens, blocks + 1))
         backward_out = tuple(torch.empty_like(t) for t in self.inputs)
         workspace = torch.empty(max(forward.workspace_size, backward.workspace_size), dtype=torch.uint8)
-        forward_kernel, backward_kernel = KERNELS["BlockAttentionResiduals"], KERNELS["BlockAttentionResidualsGrad"]
+        # Launched as the runtime launches them: a record prepared once, no per-call checks.
+        _, forward_launch = KERNELS.launch("BlockAttentionResiduals", forward.data, self.dtype)
+        _, backward_launch = KERNELS.launch("BlockAttentionResidualsGrad", backward.data, self.dtype)
+        backward_inputs = (*self.inputs, self.grad_hidden, self.inv_norm, self.probs)
         return {
-            "forward": lambda: forward_kernel(*self.inputs, *forward_out, workspace, forward.data),
-            "backward": lambda: backward_kernel(*self.inputs, self.grad_hidden, self.inv_norm, self.probs,
-                                                *backward_out, workspace, backward.data),
+            "forward": lambda: forward_launch(self.inputs, forward_out, workspace),
+            "backward": lambda: backward_launch(backward_inputs, backward_out, workspace),
         }
 
     def _autograd_pair(self, function):
@@ -262,27 +272,8 @@ def speedups(results: list[Measurement]) -> list[dict]:
 
 
 OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the overhead is lost in the kernel's own spread
-FLOOR_ROUNDS = 2001
-
-
-def compile_floor_us(rounds: int = FLOOR_ROUNDS) -> float:
-    """What torch.compile itself adds to every call of a compiled graph, in microseconds: a graph of
-    one aten op (nothing for our backend to lower) compiled with `backend="attnres_ge"`, minus the op
-    run eagerly (median of paired differences). That is dynamo's guards and frame handling, plus
-    AOTAutograd's runtime wrappers where a gradient may be needed (the benchmark's calls need none,
-    so the backend skips AOTAutograd). The op-graph overhead above the kernel includes this floor."""
-
-    def one_op(tensor):
-        return tensor.neg()
-
-    torch._dynamo.reset()
-    compiled = torch.compile(one_op, backend="attnres_ge", fullgraph=True, dynamic=False)
-    tensor = torch.randn(16, 16)
-    calls = {"eager": functools.partial(one_op, tensor), "compiled": functools.partial(compiled, tensor)}
-    return 1e6 * statistics.median(paired_differences(calls, "eager", None, rounds)["compiled"])
-
-
 OVERHEAD_ROUNDS = 1001
+COMPILED_EAGER = "compiled-eager"  # torch.compile(backend="eager") of the op-eager calls
 
 
 def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) -> list[dict]:
@@ -294,7 +285,11 @@ def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) ->
     two separately taken medians would be mostly noise), twice: `overhead_us` with the calls back to
     back (caches warm, as in a loop of this op alone) and `overhead_cold_us` with a copy of the value
     stack's size before every call (as after the rest of a model's step: the Python path then runs
-    from cold caches and costs several times more)."""
+    from cold caches and costs several times more).
+
+    Where op-graph is measured, so is `compiled-eager`: the same calls under torch.compile with
+    backend="eager" (the ops left as they are), i.e. what torch.compile itself (dynamo's guards and
+    frame handling) costs a call of these ops; op-graph's overhead includes it."""
     keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results}
     short = sorted({(m.shape, m.dtype) for m in results
                     if m.provider == "kernel" and m.median_ms < OVERHEAD_KERNEL_MS})
@@ -305,13 +300,15 @@ def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) ->
         copy = functools.partial(torch.empty_like(source).copy_, source)
         paths = [name for name in ("op-eager", "op-graph") if (shape, dtype, "forward", name) in keyed]
         providers = {name: case.provider(name) for name in ["kernel", *paths]}
+        if "op-graph" in paths:
+            providers[COMPILED_EAGER] = case.compiled_ops("eager")
         for direction in ("forward", "backward"):
             calls = {name: provider[direction] for name, provider in providers.items()}
             warm = paired_differences(calls, "kernel", None, rounds)
             cold = paired_differences(calls, "kernel", copy, rounds)
             rows += [{"shape": shape, "dtype": dtype, "direction": direction, "provider": name,
                       "overhead_us": 1e6 * statistics.median(warm[name]),
-                      "overhead_cold_us": 1e6 * statistics.median(cold[name])} for name in paths]
+                      "overhead_cold_us": 1e6 * statistics.median(cold[name])} for name in warm]
     return rows
 
 
@@ -413,17 +410,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['speedup']:.2f}x vs {row['against']}")
     overheads = call_overheads(results)
     for row in overheads:
-        print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} costs "
+        label = "torch.compile(backend='eager') of op-eager" if row["provider"] == COMPILED_EAGER else row["provider"]
+        print(f"  {row['shape']} {row['dtype']} {row['direction']}: {label} costs "
               f"{row['overhead_us']:.1f} us per call above the kernel back to back, "
               f"{row['overhead_cold_us']:.1f} us after a copy")
-    floor = compile_floor_us() if any(row["provider"] == "op-graph" for row in overheads) else None
-    if floor is not None:
-        print(f"  torch.compile floor (a one-aten-op graph through the same backend): {floor:.1f} us per call, "
-              "included in every op-graph overhead above")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": about, "results": [asdict(m) for m in results], "speedups": ratios,
-                       "overheads": overheads, "compile_floor_us": floor}, handle, indent=1)
+                       "overheads": overheads}, handle, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")
