@@ -2,7 +2,7 @@
 
   attnres_ge.op_kernel._native    the CPU kernels, compiled for the machine they are installed
                                   on (-march=native) with OpenMP
-  attnres_ge.ge_plugin._eager     the torch ops' eager entry in C++ (needs _native)
+  attnres_ge.ge_plugin._cpp_entry the ops' C++ entry: eager calls and graph nodes (needs _native)
 
 Both build through torch.utils.cpp_extension, so torch must be importable at build time:
 
@@ -11,7 +11,7 @@ Both build through torch.utils.cpp_extension, so torch must be importable at bui
 
 It needs no downloads. When torch is not importable, or the compiler fails, the
 install goes on without the extension(s): without _native the ops run the Python
-kernels (with one warning at first use), without _eager the ops' Python entry runs
+kernels (with one warning at first use), without _cpp_entry the ops' Python entry runs
 every call; rebuild later with the same pip command.
 """
 
@@ -29,13 +29,13 @@ SOURCES = [
     "op_kernel/csrc/block_attention_residuals.cpp",
     "op_kernel/csrc/block_attention_residuals_grad.cpp",
 ]
-# The torch ops' eager entry in C++ (dispatcher kernels, launch cache): torch headers, so it takes
-# longer to build; it calls the kernels of _native through a capsule, so they are compiled once.
-EAGER_MODULE = "attnres_ge.ge_plugin._eager"
-EAGER_SOURCES = ["ge_plugin/csrc/eager_entry.cpp"]
+# The ops' C++ entry (dispatcher kernels, compiled graph nodes, launches cached per signature): torch
+# headers, so it takes longer to build; it calls the kernels of _native through a capsule.
+ENTRY_MODULE = "attnres_ge.ge_plugin._cpp_entry"
+ENTRY_SOURCES = ["ge_plugin/csrc/cpp_entry.cpp"]
 WITHOUT = {  # what a failed build of each extension means
     NATIVE_MODULE: "the Python kernels will be used",
-    EAGER_MODULE: "the ops' Python entry will run every call",
+    ENTRY_MODULE: "the ops' Python entry will run every call",
 }
 CXX_FLAGS = [
     "-O3",
@@ -95,13 +95,13 @@ def _native_build():
         extra_compile_args={"cxx": CXX_FLAGS},
         extra_link_args=["-fopenmp"],
     )
-    eager_entry = CppExtension(
-        EAGER_MODULE,
-        EAGER_SOURCES,
+    entry = CppExtension(
+        ENTRY_MODULE,
+        ENTRY_SOURCES,
         depends=["op_kernel/csrc/attnres_native.h"],
         extra_compile_args={"cxx": ["-O2"]},
     )
-    return [kernels, eager_entry], {"build_ext": OptionalBuildExtension}
+    return [kernels, entry], {"build_ext": OptionalBuildExtension}
 
 
 ext_modules, cmdclass = _native_build()

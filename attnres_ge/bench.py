@@ -168,7 +168,8 @@ class Case:
         forward = forward_tiling.tiling(forward_tiling.parse(platform), tokens, blocks, hidden, self.dtype, NORM_EPS,
                                         True, platform)
         backward = grad_tiling.tiling(grad_tiling.parse(platform), tokens, blocks, hidden, self.dtype, platform)
-        forward_out = (torch.empty_like(self.inputs[0]), torch.empty(tokens, blocks + 1), torch.empty(tokens, blocks + 1))
+        stats = (tokens, blocks + 1)
+        forward_out = (torch.empty_like(self.inputs[0]), torch.empty(stats), torch.empty(stats))
         backward_out = tuple(torch.empty_like(t) for t in self.inputs)
         workspace = torch.empty(max(forward.workspace_size, backward.workspace_size), dtype=torch.uint8)
         # Launched as the runtime launches them: a record prepared once, no per-call checks.

@@ -11,6 +11,10 @@ Run (every call), per custom-op node:
     inputs made contiguous -> the runtime's plan for the actual shapes (InferShape + Tiling,
     cached per signature, as eager) -> outputs and workspace from the node's BufferPool -> the
     kernel, through the very `HostRuntime.run_kernel` the eager op uses.
+A graph of one op fed by its Data nodes (what the backend builds) runs, where the ops' C++
+entry is built, through its GraphNode instead: the first call of each input signature is
+checked and planned here as above, the plan's launch record and buffers then kept in C++
+(reused by the same rule) and repeats run without Python, on the same kernels.
 
 Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
 torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
@@ -18,8 +22,10 @@ torch's traced outputs and InferShape is a GraphCompileError (a bug in one of th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +33,14 @@ from pathlib import Path
 import torch
 from google.protobuf import text_format
 
-from ..op_host.runtime import HostRuntime, default_runtime
+from ..op_host.runtime import HostRuntime, ShapePlan, default_runtime
 from ..op_host.tiling_base import CompileInfo
 from ..op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
 from . import ge_attr
 from .buffer_pool import BufferPool
 from .ge import static_dims, torch_dtype, write_desc
 from .ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
+from .op_common import CPP_ENTRY, CPP_ENTRY_PROTOTYPES, repeatable_launch
 
 DATA, NET_OUTPUT = "Data", "NetOutput"
 
@@ -84,14 +91,27 @@ class CompiledGraph:
         self.data_ops: dict[int, tuple[OpDef, TensorMeta]] = {}  # index -> (Data node, its declared output)
         self.ops: list[CompiledOp] = []
         self.results: list[tuple[str, int]] = []
+        self.node = None  # the C++ entry's GraphNode running this graph, when it can (see _cpp_graph_node)
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        if self.node is not None:
+            return self.node(inputs)
+        return self.run(inputs)
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One run in Python: every node planned (cached per signature), its buffers from its BufferPool."""
         values = self._bind_data(inputs)
         for op in self.ops:
             args = [None if source is None else values[source] for source in op.sources]
             for index, output in enumerate(self._run_op(op, args)):
                 values[(op.op_def.name, index)] = output
         return [values[ref] for ref in self.results]
+
+    def plan_single_op(self, inputs: Sequence[torch.Tensor]) -> tuple | None:
+        """For the C++ GraphNode: these inputs checked and planned as a run would; the repeatable launch."""
+        op = self.ops[0]
+        values = self._bind_data(inputs)
+        return repeatable_launch(self._plan(op, [values[source].contiguous() for source in op.sources]))
 
     def _bind_data(self, inputs: Sequence[torch.Tensor]) -> dict[tuple[str, int], torch.Tensor]:
         if len(inputs) != len(self.data_ops):
@@ -110,13 +130,17 @@ class CompiledGraph:
     def _run_op(self, op: CompiledOp, args: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """The runtime's plan for these shapes (InferShape + Tiling, cached), buffers, the kernel."""
         tensors = [arg.contiguous() for arg in args]
-        try:
-            plan = self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)
-        except AttnResInputError as error:
-            raise _node_error(op.op_def, error) from None
+        plan = self._plan(op, tensors)
         outputs, workspace = op.buffers.take(plan, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
         self.runtime.run_kernel(plan, tensors, outputs, workspace)
         return outputs
+
+
+    def _plan(self, op: CompiledOp, tensors: Sequence[torch.Tensor]) -> ShapePlan:
+        try:
+            return self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)
+        except AttnResInputError as error:
+            raise _node_error(op.op_def, error) from None
 
 
 def _known_dims_match(shape: Sequence[int], declared: Sequence[int]) -> bool:
@@ -146,9 +170,36 @@ def compile_graph(
             compiled.results = _compile_net_output(op, descs)
         else:
             compiled.ops.append(_compile_custom_op(compiled.runtime, op, descs))
+    compiled.node = _cpp_graph_node(compiled)
     if dump_path is not None:
         dump_graph(graph_def, dump_path)
     return compiled
+
+
+def _cpp_graph_node(compiled: CompiledGraph):
+    """The C++ entry's GraphNode for a graph of one custom op fed straight by its Data nodes and giving
+    its outputs (what the backend's converters build); None for other graphs or without the entry.
+    It runs a planned signature without Python, buffers reused by BufferPool's rule; it asks the
+    graph to plan a new signature and runs the graph in Python when the Python kernels are active."""
+    if not CPP_ENTRY or len(compiled.ops) != 1 or compiled.ops[0].prototype not in CPP_ENTRY_PROTOTYPES:
+        return None
+    op = compiled.ops[0]
+    data_index = {data.name: index for index, (data, _) in compiled.data_ops.items()}
+    if any(source is None or source[0] not in data_index for source in op.sources):
+        return None
+    if any(producer != op.op_def.name for producer, _ in compiled.results):
+        return None
+    from ._cpp_entry import GraphNode
+
+    graph = weakref.proxy(compiled)  # the node must not keep its graph alive: a cycle through C++ is never freed
+    return GraphNode(
+        CPP_ENTRY_PROTOTYPES.index(op.prototype),
+        [data_index[producer] for producer, _ in op.sources],
+        [index for _, index in compiled.results],
+        functools.partial(CompiledGraph.plan_single_op, graph),
+        functools.partial(CompiledGraph.run, graph),
+        op.buffers.max_shapes,
+    )
 
 
 def dump_graph(graph_def: GraphDef, folder: str | Path) -> Path:

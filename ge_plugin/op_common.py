@@ -4,7 +4,8 @@ Both ops are defined on one torch.library.Library (namespace `attnres`); the fak
 implementation is registered with register_fake. The eager entry (the CPU kernels and
 the forward's autograd) is the C++ one of ge_plugin/csrc when that extension is built
 (`CPP_ENTRY`): it runs a repeated input signature without entering Python. Its first call
-of each signature, and every call when it is not built, runs `run_eager` here.
+of each signature, and every call when it is not built, runs `run_eager` here; the local
+GE's compiled nodes use the same extension (`repeatable_launch`).
 
 Eager (the two-phase flow of an aclnn call): the runtime's plan for these inputs
 (validation by the prototype's InferDataType/InferShape, then Tiling; cached per
@@ -49,29 +50,33 @@ def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Map
     return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)
 
 
-def _first_call(op_index: int, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
-    """The C++ entry's call for an input signature it has not cached: run_eager's outputs, and the launch
-    record of the plan (None when the C++ entry must not repeat it) and its workspace bytes."""
-    outputs, plan = _launch(CPP_ENTRY_PROTOTYPES[op_index], tensors, attrs)
-    return outputs, _repeatable_record(plan), plan.tiling.workspace_size
-
-
-def _repeatable_record(plan: ShapePlan):
-    """The launch record the C++ entry may repeat: the native one, unless outputs come from the huge-page pool
-    (whose mappings only the Python side hands out)."""
-    if any(from_huge_page_pool(meta.shape, meta.dtype) for meta in plan.outputs):
+def repeatable_launch(plan: ShapePlan) -> tuple | None:
+    """What the C++ entry needs to repeat `plan` without Python: (launch record, whether the forward keeps its
+    statistics, workspace bytes, [(output shape, dtype), ...]); None unless the native kernels run it."""
+    record = getattr(plan.launch(), "record", None)  # native launches carry one
+    if record is None:
         return None
-    return getattr(plan.launches.get(KERNELS.implementation), "record", None)  # native launches carry one
+    keep_stats = bool(getattr(plan.tiling.data, "need_backward", False))
+    return record, keep_stats, plan.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in plan.outputs]
+
+
+def _first_call(op_index: int, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+    """The C++ entry's call for an eager input signature it has not cached: run_eager's outputs, and the
+    repeatable launch (None when outputs come from the huge-page pool, whose mappings Python hands out)."""
+    outputs, plan = _launch(CPP_ENTRY_PROTOTYPES[op_index], tensors, attrs)
+    if any(from_huge_page_pool(meta.shape, meta.dtype) for meta in plan.outputs):
+        return outputs, None
+    return outputs, repeatable_launch(plan)
 
 
 def _install_cpp_entry() -> bool:
     try:
         from ..op_kernel.native import KERNEL_TABLE
-        from . import _eager
+        from . import _cpp_entry
     except ImportError:  # not built (or no native kernels to launch): the Python registrations stand in
         return False
-    _eager.install(KERNEL_TABLE, _first_call)
-    KERNELS.switch_listeners.append(_eager.forget)
+    _cpp_entry.install(KERNEL_TABLE, _first_call)
+    KERNELS.switch_listeners.append(_cpp_entry.forget)
     return True
 
 
@@ -82,6 +87,6 @@ def forget_cached_launches() -> None:
     """Make the C++ entry ask the Python one again for every signature (e.g. after replacing the process
     runtime); nothing to do without it."""
     if CPP_ENTRY:
-        from . import _eager
+        from . import _cpp_entry
 
-        _eager.forget()
+        _cpp_entry.forget()

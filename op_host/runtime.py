@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +41,14 @@ class ShapePlan:
     tiling: TilingResult
     # The kernel launch for this plan, made once per kernel implementation (KERNELS.launch).
     launches: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def launch(self) -> Callable:
+        """`launch(inputs, outputs, workspace)` of this plan with the active kernel implementation."""
+        launch = self.launches.get(KERNELS.implementation)
+        if launch is None:
+            implementation, launch = KERNELS.launch(self.op_type, self.tiling.data, self.dtype)
+            self.launches[implementation] = launch
+        return launch
 
 
 def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
@@ -112,11 +120,7 @@ class HostRuntime:
         if workspace is None:
             size = plan.tiling.workspace_size
             workspace = torch.empty(size, dtype=torch.uint8, device=inputs[0].device) if size else NO_WORKSPACE
-        launch = plan.launches.get(KERNELS.implementation)
-        if launch is None:
-            implementation, launch = KERNELS.launch(plan.op_type, plan.tiling.data, plan.dtype)
-            plan.launches[implementation] = launch
-        launch(inputs, outputs, workspace)
+        plan.launch()(inputs, outputs, workspace)
 
 
 _default: HostRuntime | None = None

@@ -23,6 +23,7 @@ turns them off.
 from __future__ import annotations
 
 import os
+
 import torch
 
 from ..op_host.block_attention_residuals_grad_tiling import BackwardTilingData

@@ -14,6 +14,7 @@ from attnres_ge.ge_plugin import ge, ge_ir
 from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
 from attnres_ge.ge_plugin.block_attention_residuals_grad_converter import convert_block_attention_residuals_backward
 from attnres_ge.ge_plugin.local_ge import GraphCompileError, GraphRunError, compile_graph
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY
 from attnres_ge.op_host import runtime as runtime_module
 from attnres_ge.op_host.platform import PlatformInfo, host_profile
 from attnres_ge.op_host.runtime import HostRuntime
@@ -246,26 +247,48 @@ def test_cold_platform_at_compile_still_runs_and_equals_eager(runtime_answers):
     assert all(torch.equal(a, b) for a, b in zip(outputs, expected, strict=True))
 
 
-def test_buffers_are_reused_only_when_nobody_holds_them():
-    compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
-    pool = compiled.ops[0].buffers
+@pytest.fixture(params=["cpp-node", "python"])
+def runner(request):
+    """How a compiled graph runs: through the C++ entry's GraphNode, or in Python with its nodes' BufferPools."""
+    if request.param == "cpp-node" and not CPP_ENTRY:
+        pytest.skip("the ops' C++ entry is not built")
+    return request.param
+
+
+def compile_for(runner: str, graph_def):
+    compiled = compile_graph(graph_def)
+    assert (compiled.node is not None) == CPP_ENTRY  # the backend's one-op graphs always get a node
+    if runner == "python":
+        compiled.node = None
+    return compiled
+
+
+def allocations(compiled, runner: str) -> int:
+    return compiled.node.allocations() if runner == "cpp-node" else compiled.ops[0].buffers.allocations
+
+
+def test_buffers_are_reused_only_when_nobody_holds_them(runner):
+    compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
     inputs, other = forward_inputs(seed=0), forward_inputs(seed=1)
     held = compiled(*inputs)
     snapshot = [t.clone() for t in held]
-    first_allocations = pool.allocations  # 3 outputs + workspace
+    first_allocations = allocations(compiled, runner)  # 3 outputs + workspace
     again = compiled(*other)  # `held` is still alive: its memory must not be overwritten
-    assert pool.allocations > first_allocations
+    assert allocations(compiled, runner) > first_allocations
     assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
     view_of_probs = again[2][1:]
     del held, again
-    allocations = pool.allocations
-    compiled(*inputs)  # only probs is still held (through a view): just it is allocated afresh
-    assert pool.allocations == allocations + 1
+    before = allocations(compiled, runner)
+    results = compiled(*inputs)  # only probs is still held (through a view): just it is allocated afresh
+    assert allocations(compiled, runner) == before + 1
+    expected = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
+    assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
     assert view_of_probs.data_ptr() != 0
 
 
 def test_tensors_off_the_cpu_are_refused_before_any_kernel_reads_them():
     compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    compiled(*forward_inputs())  # the same shapes on the CPU first: planned (and cached by the C++ node)
     meta_inputs = [tensor.to("meta") for tensor in forward_inputs()]
     with pytest.raises(AttnResInputError, match=r"BlockAttentionResiduals .*CPU tensors only, got tensors on meta"):
         compiled(*meta_inputs)
@@ -279,9 +302,10 @@ def test_dump_writes_pbtxt_that_parses_back(tmp_path):
     assert text_format.Parse(dumped.read_text(), ge_ir.GraphDef()) == graph_def
 
 
-def test_buffers_are_kept_for_a_bounded_number_of_shapes():
-    compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(tokens=-1)))
-    pool = compiled.ops[0].buffers
-    for tokens in range(2, 2 + 3 * pool.max_shapes):
+def test_buffers_are_kept_for_a_bounded_number_of_shapes(runner):
+    compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(tokens=-1)))
+    max_shapes = compiled.ops[0].buffers.max_shapes
+    for tokens in range(2, 2 + 3 * max_shapes):
         compiled(*forward_inputs(tokens=tokens))
-    assert len(pool) == pool.max_shapes
+    kept = compiled.node.planned_signatures() if runner == "cpp-node" else len(compiled.ops[0].buffers)
+    assert kept == max_shapes

@@ -41,9 +41,9 @@ def python_entry_calls(monkeypatch):
 
 
 def cached_launches() -> int:
-    from attnres_ge.ge_plugin import _eager
+    from attnres_ge.ge_plugin import _cpp_entry
 
-    return _eager.cached_launches()
+    return _cpp_entry.cached_launches()
 
 
 def test_a_repeated_signature_runs_in_cpp_with_the_first_calls_bits(python_entry_calls):
@@ -148,13 +148,13 @@ def test_autograd_in_cpp_with_statistics_recomputed_when_not_saved():
 PYTHON_ENTRY_SCRIPT = textwrap.dedent(
     """
     import sys
-    sys.modules["attnres_ge.ge_plugin._eager"] = None  # as if the extension were not built
+    sys.modules["attnres_ge.ge_plugin._cpp_entry"] = None  # as if the extension were not built
     import torch
     import attnres_ge
     from attnres_ge.ge_plugin import op_common
     assert not op_common.CPP_ENTRY
     sys.path.insert(0, {tests!r})
-    from test_eager_entry import STEP_SHAPE, training_step
+    from test_cpp_entry import STEP_SHAPE, training_step
     from conftest import make_inputs
     torch.save(training_step(), {path!r})
     inputs = [t.requires_grad_() for t in make_inputs(*STEP_SHAPE)]

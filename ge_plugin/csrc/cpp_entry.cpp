@@ -1,0 +1,477 @@
+// The ops' C++ entry: module attnres_ge.ge_plugin._cpp_entry.
+//
+// Registered in Python, a call of torch.ops.attnres.block_attention_residuals crosses
+// from the dispatcher into Python twice (the autograd kernel, then the CPU kernel), and
+// the Python entry then plans, allocates and launches: 60-80 us a call on a 2-core host,
+// more than a decode step's kernel; a compiled graph's node spent as much in the local
+// GE's Python. This module keeps, per input signature, a launch that needs no Python:
+//
+//   install()   registers for both torch ops the CPU kernel (eager calls: fresh outputs)
+//               and, for the forward, the Autograd kernel (a torch::autograd::Function
+//               with the backward of ge_plugin/block_attention_residuals.py)
+//   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
+//               per signature and reused while nobody holds them (ge_plugin/buffer_pool.py's
+//               rule, on the storages' use counts)
+//
+// A signature not seen yet goes to Python, which validates and plans (op_host) as it always
+// has, so every error message is the Python one, and hands back a repeatable launch: the
+// launch record of the plan (op_kernel/csrc), the outputs' shapes and dtypes, the workspace
+// size. It hands back none when the Python kernels are active (or, eager, when an output
+// comes from the huge-page pool), and Python then runs the call itself. Repeats launch the
+// very record the plan made, on the same kernels: the same bits. forget() drops every
+// cached launch (Python calls it when the kernel implementation changes).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "../../op_kernel/csrc/attnres_native.h"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int kForwardOp = 0;   // op index shared with ge_plugin/op_common.py: BlockAttentionResiduals
+constexpr int kBackwardOp = 1;  // BlockAttentionResidualsGrad
+constexpr size_t kMaxEagerSignatures = 1024;  // as op_host.runtime.PLAN_CACHE_SIZE
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Key = std::vector<int64_t>;
+
+struct OutputMeta {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+};
+
+// What a repeat of one planned signature needs besides the tensors.
+struct Launch {
+  int op = kForwardOp;
+  attnres::ForwardArgs forward{};    // the launch record when op is kForwardOp
+  attnres::BackwardArgs backward{};  // when op is kBackwardOp
+  bool keep_stats = false;           // forward: inv_norm and probs are written
+  std::vector<OutputMeta> outputs;
+  int64_t workspace_bytes = 0;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    size_t hash = 1469598103934665603ull;
+    for (int64_t value : key) hash = (hash ^ static_cast<size_t>(value)) * 1099511628211ull;
+    return hash;
+  }
+};
+
+class GraphNode;
+
+struct EntryState {
+  attnres::KernelTable kernels{};
+  py::object first_call;  // op_common._first_call
+  std::mutex mutex;
+  std::unordered_map<Key, std::shared_ptr<const Launch>, KeyHash> eager_launches;
+  std::vector<std::weak_ptr<GraphNode>> graph_nodes;
+  std::vector<std::unique_ptr<torch::Library>> registrations;
+};
+
+EntryState& state() {
+  static auto* instance = new EntryState();  // never destroyed: the dispatcher may call in at exit
+  return *instance;
+}
+
+// op, then per tensor its device, dtype, rank and sizes, then the attributes.
+Key signature(int op, const std::vector<at::Tensor>& tensors, std::initializer_list<int64_t> attrs = {}) {
+  Key key{op};
+  for (const at::Tensor& tensor : tensors) {
+    key.push_back(static_cast<int64_t>(tensor.device().type()) << 8 | (tensor.device().index() + 1));
+    key.push_back(static_cast<int64_t>(tensor.scalar_type()));
+    key.push_back(tensor.dim());
+    for (int64_t size : tensor.sizes()) key.push_back(size);
+  }
+  key.insert(key.end(), attrs);
+  return key;
+}
+
+int64_t bits_of(double value) {
+  int64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+// A repeatable launch from Python's (record, keep_stats, workspace_bytes, [(shape, dtype), ...]); null for None.
+std::shared_ptr<const Launch> launch_from(int op, const py::object& answer) {
+  if (answer.is_none()) return nullptr;
+  auto fields = answer.cast<py::tuple>();
+  auto launch = std::make_shared<Launch>();
+  launch->op = op;
+  const char* name = op == kForwardOp ? attnres::kForwardRecordCapsule : attnres::kBackwardRecordCapsule;
+  void* record = PyCapsule_GetPointer(fields[0].ptr(), name);
+  if (record == nullptr) throw py::error_already_set();
+  if (op == kForwardOp) {
+    launch->forward = *static_cast<const attnres::ForwardArgs*>(record);
+  } else {
+    launch->backward = *static_cast<const attnres::BackwardArgs*>(record);
+  }
+  launch->keep_stats = fields[1].cast<bool>();
+  launch->workspace_bytes = fields[2].cast<int64_t>();
+  for (const auto& meta : fields[3].cast<py::list>()) {
+    auto shape_and_dtype = meta.cast<py::tuple>();
+    launch->outputs.push_back({shape_and_dtype[0].cast<std::vector<int64_t>>(), shape_and_dtype[1].cast<at::ScalarType>()});
+  }
+  return launch;
+}
+
+at::Tensor empty_buffer(const OutputMeta& meta) { return at::empty(meta.sizes, at::dtype(meta.dtype)); }
+
+at::Tensor empty_workspace(int64_t bytes) { return at::empty({bytes}, at::dtype(at::kByte)); }
+
+// Runs the kernel of `launch` on contiguous inputs (prototype order) and outputs of its planned shapes.
+void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+         const at::Tensor& workspace) {
+  const attnres::KernelTable& kernels = state().kernels;
+  if (launch.op == kForwardOp) {
+    attnres::ForwardArgs args = launch.forward;
+    args.partial_block = inputs[0].const_data_ptr();
+    args.block_res = inputs[1].const_data_ptr();
+    args.proj_weight = inputs[2].const_data_ptr();
+    args.norm_weight = inputs[3].const_data_ptr();
+    args.hidden_states = outputs[0].mutable_data_ptr();
+    args.inv_norm = launch.keep_stats ? outputs[1].mutable_data_ptr<float>() : nullptr;
+    args.probs = launch.keep_stats ? outputs[2].mutable_data_ptr<float>() : nullptr;
+    if (args.tokens > 0) kernels.forward(args);
+    return;
+  }
+  attnres::BackwardArgs args = launch.backward;
+  args.partial_block = inputs[0].const_data_ptr();
+  args.block_res = inputs[1].const_data_ptr();
+  args.proj_weight = inputs[2].const_data_ptr();
+  args.norm_weight = inputs[3].const_data_ptr();
+  args.grad_hidden_states = inputs[4].const_data_ptr();
+  args.inv_norm = inputs[5].const_data_ptr<float>();
+  args.probs = inputs[6].const_data_ptr<float>();
+  args.grad_partial_block = outputs[0].mutable_data_ptr();
+  args.grad_block_res = outputs[1].mutable_data_ptr();
+  args.grad_proj_weight = outputs[2].mutable_data_ptr();
+  args.grad_norm_weight = outputs[3].mutable_data_ptr();
+  args.chunk_rows = workspace.defined() ? static_cast<float*>(workspace.mutable_data_ptr()) : nullptr;
+  kernels.backward(args);
+}
+
+std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> result;
+  result.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) result.push_back(tensor.contiguous());
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------- eager
+
+std::shared_ptr<const Launch> cached_eager_launch(const Key& key) {
+  EntryState& entry = state();
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  auto found = entry.eager_launches.find(key);
+  return found == entry.eager_launches.end() ? nullptr : found->second;
+}
+
+// One eager call: the cached launch with fresh outputs, or the Python entry (whose launch is then cached).
+std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs, const Key& key,
+                                   const std::function<py::dict()>& attrs) {
+  if (auto launch = cached_eager_launch(key)) {
+    std::vector<at::Tensor> outputs;
+    for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
+    const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
+    run(*launch, contiguous(inputs), outputs, workspace);
+    return outputs;
+  }
+  py::gil_scoped_acquire gil;
+  auto answer = state().first_call(op, inputs, attrs()).cast<py::tuple>();  // Python errors propagate as they are
+  if (auto launch = launch_from(op, answer[1])) {
+    EntryState& entry = state();
+    std::lock_guard<std::mutex> lock(entry.mutex);
+    if (entry.eager_launches.size() >= kMaxEagerSignatures) entry.eager_launches.clear();
+    entry.eager_launches.emplace(key, std::move(launch));
+  }
+  return answer[0].cast<std::vector<at::Tensor>>();
+}
+
+ForwardResult forward_cpu(const at::Tensor& partial_block, const at::Tensor& block_res, const at::Tensor& proj_weight,
+                          const at::Tensor& norm_weight, int64_t valid_block_num, double norm_eps,
+                          bool need_backward) {
+  const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight};
+  auto outputs = eager_call(kForwardOp, inputs,
+                            signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}), [&] {
+                              py::dict attrs;
+                              attrs["valid_block_num"] = valid_block_num;
+                              attrs["norm_eps"] = norm_eps;
+                              attrs["need_backward"] = need_backward;
+                              return attrs;
+                            });
+  return {outputs[0], outputs[1], outputs[2]};
+}
+
+BackwardResult backward_cpu(const at::Tensor& partial_block, const at::Tensor& block_res,
+                            const at::Tensor& proj_weight, const at::Tensor& norm_weight,
+                            const at::Tensor& grad_hidden_states, const at::Tensor& inv_norm, const at::Tensor& probs,
+                            int64_t valid_block_num) {
+  const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight,
+                                       grad_hidden_states, inv_norm, probs};
+  auto outputs = eager_call(kBackwardOp, inputs, signature(kBackwardOp, inputs, {valid_block_num}), [&] {
+    py::dict attrs;
+    attrs["valid_block_num"] = valid_block_num;
+    return attrs;
+  });
+  return {outputs[0], outputs[1], outputs[2], outputs[3]};
+}
+
+// ---------------------------------------------------------------------------------------------- autograd
+
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attnres::block_attention_residuals", "")
+                             .typed<ForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                  const at::Tensor&, int64_t, double, bool)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attnres::block_attention_residuals_backward", "")
+                             .typed<BackwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, int64_t)>();
+  return op;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The forward op's autograd: saves the inputs and the statistics, and runs the backward op
+// (ge_plugin/block_attention_residuals.py registers the same in Python when this module is absent).
+struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& partial_block, const at::Tensor& block_res,
+                               const at::Tensor& proj_weight, const at::Tensor& norm_weight, int64_t valid_block_num,
+                               double norm_eps, bool need_backward) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // the CPU (or fake, or NPU) kernel, not this one again
+    auto [hidden_states, inv_norm, probs] = forward_op().call(partial_block, block_res, proj_weight, norm_weight,
+                                                               valid_block_num, norm_eps, need_backward);
+    ctx->mark_non_differentiable({inv_norm, probs});
+    ctx->save_for_backward({partial_block, block_res, proj_weight, norm_weight, inv_norm, probs});
+    ctx->saved_data["norm_eps"] = norm_eps;
+    ctx->saved_data["saved_stats"] = need_backward;
+    return {hidden_states, inv_norm, probs};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &partial_block = saved[0], &block_res = saved[1], &proj_weight = saved[2],
+                     &norm_weight = saved[3];
+    at::Tensor inv_norm = saved[4], probs = saved[5];
+    if (!ctx->saved_data["saved_stats"].toBool()) {
+      // Called directly with need_backward=false: compute the statistics now rather than fail.
+      std::tie(std::ignore, inv_norm, probs) = forward_op().call(
+          partial_block, block_res, proj_weight, norm_weight, -1, ctx->saved_data["norm_eps"].toDouble(), true);
+    }
+    auto [grad_partial, grad_blocks, grad_proj, grad_norm] = backward_op().call(
+        partial_block, block_res, proj_weight.reshape({1, -1}), norm_weight, grads[0], inv_norm, probs, 0);
+    return {grad_partial, grad_blocks, grad_proj.reshape(proj_weight.sizes()), grad_norm,
+            at::Tensor(),  at::Tensor(),  at::Tensor()};
+  }
+};
+
+ForwardResult forward_autograd(const at::Tensor& partial_block, const at::Tensor& block_res,
+                               const at::Tensor& proj_weight, const at::Tensor& norm_weight, int64_t valid_block_num,
+                               double norm_eps, bool need_backward) {
+  variable_list outputs = ForwardFunction::apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num,
+                                                 norm_eps, need_backward);
+  return {outputs[0], outputs[1], outputs[2]};
+}
+
+// ---------------------------------------------------------------------------------------------- graph nodes
+
+// A compiled graph of one custom op fed straight by its Data nodes (what the backend's converters
+// build), called with the graph inputs in Data index order.
+class GraphNode {
+ public:
+  // input_order[i]: the graph input feeding the op's input i; result_order[j]: the op output that is
+  // graph result j. plan(inputs) validates and returns a repeatable launch or None; run(inputs) runs
+  // the graph in Python (its answer for None). Buffers are kept for the max_signatures latest signatures.
+  GraphNode(int op, std::vector<int64_t> input_order, std::vector<int64_t> result_order, py::object plan,
+            py::object run, size_t max_signatures)
+      : op_(op),
+        input_order_(std::move(input_order)),
+        result_order_(std::move(result_order)),
+        plan_(std::move(plan)),
+        run_(std::move(run)),
+        max_signatures_(std::max<size_t>(max_signatures, 1)) {}
+
+  py::object call(const std::vector<at::Tensor>& graph_inputs) {
+    const Key key = signature(op_, graph_inputs);
+    std::shared_ptr<const Launch> launch = find(key);
+    if (launch == nullptr) {
+      launch = launch_from(op_, plan_(graph_inputs));  // the GIL is held: called from Python
+      if (launch == nullptr) return run_(graph_inputs);
+      remember(key, launch);
+    }
+    std::vector<at::Tensor> inputs;
+    for (int64_t index : input_order_) inputs.push_back(graph_inputs[index].contiguous());
+    std::vector<at::Tensor> buffers = take_buffers(key);  // outputs, then the workspace
+    {
+      py::gil_scoped_release no_gil;
+      run(*launch, inputs, buffers, buffers.back());
+    }
+    py::list results;
+    for (int64_t index : result_order_) results.append(buffers[index]);
+    return std::move(results);
+  }
+
+  void forget() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    planned_.clear();
+  }
+
+  size_t planned_signatures() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return planned_.size();
+  }
+
+  int64_t allocations() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return allocations_;
+  }
+
+ private:
+  struct Planned {
+    Key key;
+    std::shared_ptr<const Launch> launch;
+    std::vector<at::Tensor> slots;  // one per output, then the workspace
+  };
+
+  std::shared_ptr<const Launch> find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Planned& planned : planned_) {
+      if (planned.key == key) return planned.launch;
+    }
+    return nullptr;
+  }
+
+  void remember(const Key& key, std::shared_ptr<const Launch> launch) {
+    std::vector<at::Tensor> slots;
+    for (const OutputMeta& meta : launch->outputs) slots.push_back(empty_buffer(meta));
+    slots.push_back(empty_workspace(launch->workspace_bytes));
+    std::lock_guard<std::mutex> lock(mutex_);
+    allocations_ += static_cast<int64_t>(slots.size());
+    if (planned_.size() >= max_signatures_) planned_.erase(planned_.begin());
+    planned_.push_back({key, std::move(launch), std::move(slots)});
+  }
+
+  // Tensors over the slots of `key` for one run: a slot whose storage someone else still holds (a
+  // result kept by the caller or saved by autograd, or a run in another thread) gets a fresh storage
+  // first, so a run never overwrites what anyone holds. Each run hands out new tensors (detach), so
+  // holding a result, or a view of it, raises its storage's use count above the slot's own one.
+  std::vector<at::Tensor> take_buffers(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto planned = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) { return p.key == key; });
+    if (planned == planned_.end()) throw std::logic_error("attnres_ge GraphNode: a planned signature vanished");
+    std::vector<at::Tensor> buffers;
+    for (size_t index = 0; index < planned->slots.size(); ++index) {
+      at::Tensor& slot = planned->slots[index];
+      if (slot.storage().use_count() != 1) {
+        const bool workspace = index + 1 == planned->slots.size();
+        slot = workspace ? empty_workspace(planned->launch->workspace_bytes)
+                         : empty_buffer(planned->launch->outputs[index]);
+        ++allocations_;
+      }
+      buffers.push_back(slot.detach());
+    }
+    return buffers;
+  }
+
+  const int op_;
+  const std::vector<int64_t> input_order_, result_order_;
+  const py::object plan_, run_;
+  const size_t max_signatures_;
+  std::mutex mutex_;
+  std::vector<Planned> planned_;  // least recently planned first
+  int64_t allocations_ = 0;       // storages allocated so far (tests watch reuse through it)
+};
+
+std::shared_ptr<GraphNode> make_graph_node(int op, std::vector<int64_t> input_order, std::vector<int64_t> result_order,
+                                           py::object plan, py::object run, size_t max_signatures) {
+  auto node = std::make_shared<GraphNode>(op, std::move(input_order), std::move(result_order), std::move(plan),
+                                          std::move(run), max_signatures);
+  EntryState& entry = state();
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  auto& nodes = entry.graph_nodes;
+  nodes.erase(std::remove_if(nodes.begin(), nodes.end(), [](const auto& weak) { return weak.expired(); }),
+              nodes.end());
+  nodes.push_back(node);
+  return node;
+}
+
+// ---------------------------------------------------------------------------------------------- module
+
+// Registers the torch ops' kernels (once) with `kernel_table` (the _native capsule) and `first_call`,
+// the Python entry for eager signatures not cached: first_call(op_index, inputs, attrs) ->
+// (outputs, repeatable launch or None).
+void install(py::capsule kernel_table, py::object first_call) {
+  EntryState& entry = state();
+  if (!entry.registrations.empty()) throw std::runtime_error("attnres_ge._cpp_entry: install() was called already");
+  auto* kernels =
+      static_cast<attnres::KernelTable*>(PyCapsule_GetPointer(kernel_table.ptr(), attnres::kKernelTableCapsule));
+  if (kernels == nullptr) throw py::error_already_set();
+  entry.kernels = *kernels;
+  entry.first_call = std::move(first_call);
+  auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::CPU, __FILE__,
+                                              __LINE__);
+  cpu->impl("block_attention_residuals", TORCH_FN(forward_cpu));
+  cpu->impl("block_attention_residuals_backward", TORCH_FN(backward_cpu));
+  auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::Autograd,
+                                                   __FILE__, __LINE__);
+  autograd->impl("block_attention_residuals", TORCH_FN(forward_autograd));
+  entry.registrations.push_back(std::move(cpu));
+  entry.registrations.push_back(std::move(autograd));
+}
+
+void forget() {
+  std::vector<std::shared_ptr<GraphNode>> nodes;
+  {
+    EntryState& entry = state();
+    std::lock_guard<std::mutex> lock(entry.mutex);
+    entry.eager_launches.clear();
+    for (const auto& weak : entry.graph_nodes) {
+      if (auto node = weak.lock()) nodes.push_back(std::move(node));
+    }
+  }
+  for (const auto& node : nodes) node->forget();
+}
+
+size_t cached_launches() {
+  EntryState& entry = state();
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  return entry.eager_launches.size();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
+  module.def("install", &install, py::arg("kernel_table"), py::arg("first_call"));
+  module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");
+  module.def("cached_launches", &cached_launches, "How many eager input signatures have a cached launch");
+  py::class_<GraphNode, std::shared_ptr<GraphNode>>(module, "GraphNode")
+      .def(py::init(&make_graph_node), py::arg("op_index"), py::arg("input_order"), py::arg("result_order"),
+           py::arg("plan"), py::arg("run"), py::arg("max_signatures"))
+      .def("__call__", &GraphNode::call)
+      .def("planned_signatures", &GraphNode::planned_signatures)
+      .def("allocations", &GraphNode::allocations);
+}
