@@ -135,7 +135,6 @@ class CompiledGraph:
         self.runtime.run_kernel(plan, tensors, outputs, workspace)
         return outputs
 
-
     def _plan(self, op: CompiledOp, tensors: Sequence[torch.Tensor]) -> ShapePlan:
         try:
             return self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)

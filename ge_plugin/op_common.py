@@ -56,7 +56,7 @@ def repeatable_launch(plan: ShapePlan) -> tuple | None:
     record = getattr(plan.launch(), "record", None)  # native launches carry one
     if record is None:
         return None
-    keep_stats = bool(getattr(plan.tiling.data, "need_backward", False))
+    keep_stats = plan.op_type == FORWARD.op_type and bool(plan.tiling.data.need_backward)
     return record, keep_stats, plan.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in plan.outputs]
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
+import weakref
 
 import pytest
 import torch
 from google.protobuf import text_format
 
 import attnres_ge  # noqa: F401
+import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import ge, ge_ir
 from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
 from attnres_ge.ge_plugin.block_attention_residuals_grad_converter import convert_block_attention_residuals_backward
@@ -284,6 +287,33 @@ def test_buffers_are_reused_only_when_nobody_holds_them(runner):
     expected = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
     assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
     assert view_of_probs.data_ptr() != 0
+
+
+@pytest.mark.skipif(not CPP_ENTRY, reason="the ops' C++ entry is not built")
+def test_the_cpp_node_leaves_the_python_kernels_to_python_and_forgets_on_a_switch():
+    compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    inputs = forward_inputs(seed=3)
+    compiled(*inputs)
+    assert compiled.node.planned_signatures() == 1
+    try:
+        op_kernel.KERNELS.set_implementation("python")
+        assert compiled.node.planned_signatures() == 0  # the switch dropped the native launch
+        results = compiled(*inputs)  # planned, but not repeatable in C++: the graph ran in Python
+        assert compiled.node.planned_signatures() == 0 and len(compiled.ops[0].buffers) == 1
+        expected = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)  # Python kernels too
+    finally:
+        op_kernel.KERNELS.set_implementation(None)
+    assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
+
+
+@pytest.mark.skipif(not CPP_ENTRY, reason="the ops' C++ entry is not built")
+def test_a_dropped_compiled_graph_is_freed_with_its_node():
+    compiled = compile_graph(build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    compiled(*forward_inputs())
+    graph = weakref.ref(compiled)
+    del compiled
+    gc.collect()
+    assert graph() is None  # the node holds its graph weakly: no cycle through C++
 
 
 def test_tensors_off_the_cpu_are_refused_before_any_kernel_reads_them():
