@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,34 @@ def test_autograd_in_cpp_with_statistics_recomputed_when_not_saved():
         grads[need_backward] = [leaf.grad for leaf in leaves]
     for name, a, b in zip(("partial_block", "block_res", "proj_weight", "norm_weight"), *grads.values(), strict=True):
         assert_bitwise_equal(name, a, b)
+
+
+def test_threads_repeating_a_cached_signature_get_the_same_bits():
+    inputs = make_inputs(15, 2, 40, seed=13)
+    expected = forward_op(*inputs, -1, 1e-6, True)  # planned and cached
+    results: dict[int, list] = {}
+
+    def repeat(index: int) -> None:
+        results[index] = [forward_op(*inputs, -1, 1e-6, True) for _ in range(20)]
+
+    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 4
+    for outputs in (outputs for runs in results.values() for outputs in runs):
+        for name, a, b in zip(FORWARD_NAMES, outputs, expected, strict=True):
+            assert_bitwise_equal(name, a, b)
+
+
+def test_inference_mode_calls_take_the_cached_launch(python_entry_calls):
+    inputs = make_inputs(7, 3, 24, seed=14)
+    expected = forward_op(*inputs, -1, 1e-6, False)
+    with torch.inference_mode():
+        outputs = attnres_ge.block_attention_residuals(*inputs)
+    assert len(python_entry_calls) == 1
+    assert_bitwise_equal("hidden_states", outputs, expected[0])
 
 
 PYTHON_ENTRY_SCRIPT = textwrap.dedent(
