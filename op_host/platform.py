@@ -28,6 +28,7 @@ class PlatformProfile:
 
 
 ASCEND910B2 = PlatformProfile("Ascend910B2", vector_core_num=48, ub_size=192 * KIB)
+HOST_SOC = "host-cpu"
 HOST_DEFAULT_L2 = 512 * KIB
 
 
@@ -53,7 +54,7 @@ def _usable_threads() -> int:
 
 def host_profile() -> PlatformProfile:
     """The host CPU measured now: usable threads as cores, L2 per core as the buffer."""
-    return PlatformProfile("host-cpu", vector_core_num=_usable_threads(), ub_size=_host_l2_bytes())
+    return PlatformProfile(HOST_SOC, vector_core_num=_usable_threads(), ub_size=_host_l2_bytes())
 
 
 PROFILES: dict[str, Callable[[], PlatformProfile]] = {
