@@ -339,3 +339,15 @@ def test_buffers_are_kept_for_a_bounded_number_of_shapes(runner):
         compiled(*forward_inputs(tokens=tokens))
     kept = compiled.node.planned_signatures() if runner == "cpp-node" else len(compiled.ops[0].buffers)
     assert kept == max_shapes
+
+
+def test_the_shape_used_last_keeps_its_buffers(runner):
+    compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(tokens=-1)))
+    max_shapes = compiled.ops[0].buffers.max_shapes
+    for tokens in range(2, 2 + max_shapes):
+        compiled(*forward_inputs(tokens=tokens))
+    compiled(*forward_inputs(tokens=2))  # the first shape, used again: now the most recent
+    compiled(*forward_inputs(tokens=99))  # one shape too many: the least recently used one goes
+    before = allocations(compiled, runner)
+    compiled(*forward_inputs(tokens=2))
+    assert allocations(compiled, runner) == before  # its buffers were kept

@@ -316,15 +316,15 @@ class GraphNode {
 
   py::object call(const std::vector<at::Tensor>& graph_inputs) {
     const Key key = signature(op_, graph_inputs);
-    std::shared_ptr<const Launch> launch = find(key);
-    if (launch == nullptr) {
+    std::shared_ptr<const Launch> launch;
+    std::vector<at::Tensor> buffers;  // outputs, then the workspace
+    if (!take(key, &launch, &buffers)) {
       launch = launch_from(op_, plan_(graph_inputs));  // the GIL is held: called from Python
       if (launch == nullptr) return run_(graph_inputs);
-      remember(key, launch);
+      buffers = remember(key, launch);
     }
     std::vector<at::Tensor> inputs;
     for (int64_t index : input_order_) inputs.push_back(graph_inputs[index].contiguous());
-    std::vector<at::Tensor> buffers = take_buffers(key);  // outputs, then the workspace
     {
       py::gil_scoped_release no_gil;
       run(*launch, inputs, buffers, buffers.back());
@@ -356,33 +356,17 @@ class GraphNode {
     std::vector<at::Tensor> slots;  // one per output, then the workspace
   };
 
-  std::shared_ptr<const Launch> find(const Key& key) {
+  // For a planned `key`: its launch, and tensors over its slots for one run. A slot whose storage
+  // someone else still holds (a result kept by the caller or saved by autograd, or a run in another
+  // thread) gets a fresh storage first, so a run never overwrites what anyone holds. Each run hands
+  // out new tensors (detach), so holding a result, or a view of it, raises its storage's use count
+  // above the slot's own one. False when `key` is not planned.
+  bool take(const Key& key, std::shared_ptr<const Launch>* launch, std::vector<at::Tensor>* buffers) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const Planned& planned : planned_) {
-      if (planned.key == key) return planned.launch;
-    }
-    return nullptr;
-  }
-
-  void remember(const Key& key, std::shared_ptr<const Launch> launch) {
-    std::vector<at::Tensor> slots;
-    for (const OutputMeta& meta : launch->outputs) slots.push_back(empty_buffer(meta));
-    slots.push_back(empty_workspace(launch->workspace_bytes));
-    std::lock_guard<std::mutex> lock(mutex_);
-    allocations_ += static_cast<int64_t>(slots.size());
-    if (planned_.size() >= max_signatures_) planned_.erase(planned_.begin());
-    planned_.push_back({key, std::move(launch), std::move(slots)});
-  }
-
-  // Tensors over the slots of `key` for one run: a slot whose storage someone else still holds (a
-  // result kept by the caller or saved by autograd, or a run in another thread) gets a fresh storage
-  // first, so a run never overwrites what anyone holds. Each run hands out new tensors (detach), so
-  // holding a result, or a view of it, raises its storage's use count above the slot's own one.
-  std::vector<at::Tensor> take_buffers(const Key& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto planned = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) { return p.key == key; });
-    if (planned == planned_.end()) throw std::logic_error("attnres_ge GraphNode: a planned signature vanished");
-    std::vector<at::Tensor> buffers;
+    auto found = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) { return p.key == key; });
+    if (found == planned_.end()) return false;
+    std::rotate(found, found + 1, planned_.end());  // now the most recently used
+    Planned* planned = &planned_.back();
     for (size_t index = 0; index < planned->slots.size(); ++index) {
       at::Tensor& slot = planned->slots[index];
       if (slot.storage().use_count() != 1) {
@@ -391,8 +375,23 @@ class GraphNode {
                          : empty_buffer(planned->launch->outputs[index]);
         ++allocations_;
       }
-      buffers.push_back(slot.detach());
+      buffers->push_back(slot.detach());
     }
+    *launch = planned->launch;
+    return true;
+  }
+
+  // Plans `key` with fresh slots (dropping the least recently used signature beyond the bound);
+  // tensors over them for this run.
+  std::vector<at::Tensor> remember(const Key& key, const std::shared_ptr<const Launch>& launch) {
+    std::vector<at::Tensor> slots, buffers;
+    for (const OutputMeta& meta : launch->outputs) slots.push_back(empty_buffer(meta));
+    slots.push_back(empty_workspace(launch->workspace_bytes));
+    for (const at::Tensor& slot : slots) buffers.push_back(slot.detach());
+    std::lock_guard<std::mutex> lock(mutex_);
+    allocations_ += static_cast<int64_t>(slots.size());
+    if (planned_.size() >= max_signatures_) planned_.erase(planned_.begin());
+    planned_.push_back({key, launch, std::move(slots)});
     return buffers;
   }
 
@@ -401,7 +400,7 @@ class GraphNode {
   const py::object plan_, run_;
   const size_t max_signatures_;
   std::mutex mutex_;
-  std::vector<Planned> planned_;  // least recently planned first
+  std::vector<Planned> planned_;  // least recently used first
   int64_t allocations_ = 0;       // storages allocated so far (tests watch reuse through it)
 };
 
