@@ -304,7 +304,8 @@ class GraphNode {
  public:
   // input_order[i]: the graph input feeding the op's input i; result_order[j]: the op output that is
   // graph result j. plan(inputs) validates and returns a repeatable launch or None; run(inputs) runs
-  // the graph in Python (its answer for None). Buffers are kept for the max_signatures latest signatures.
+  // the graph in Python (its answer for None). Buffers are kept for the max_signatures most recently
+  // used signatures.
   GraphNode(int op, std::vector<int64_t> input_order, std::vector<int64_t> result_order, py::object plan,
             py::object run, size_t max_signatures)
       : op_(op),
