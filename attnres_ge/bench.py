@@ -3,11 +3,12 @@
 Block AttnRes is memory-bound, so every figure is taken against a `copy_` timed
 right beside it (the "paired copy": the host's memory speed drifts during a run,
 so a figure from earlier in the run is no yardstick). For each named shape and
-dtype, each provider's forward and backward are timed in rounds of
-(copy, provider call) pairs; the report gives the median and the spread of the
-call, its effective bandwidth over the minimum traffic, the fraction of the
-paired copy's bandwidth, minor page faults per call and speedups against the
-other providers of the same run.
+dtype, the forwards of all providers, then their backwards, are timed in rounds:
+each round times every provider's call right after a copy of its own, so all
+providers, and their copies, see the host as it is during that round. The report
+gives the median and the spread of each call, its effective bandwidth over the
+minimum traffic, the fraction of the paired copy's bandwidth, minor page faults
+per call and speedups against the other providers of the same rounds.
 
 Minimum traffic (elements, each read or written once): forward (N+2) T H, backward (2N+3) T H.
 The copy moves 2 (N+1) T H elements (the value stack read and written).
@@ -204,23 +205,28 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_pairs(call: Callable[[], object], copy: Callable[[], object], rounds: int, warmup: int = 2):
-    """(call times, copy times, minor page faults per call), in rounds of (copy, call) pairs."""
+def time_rounds(calls: dict[str, Callable[[], object]], copy: Callable[[], object], rounds: int,
+                warmup: int = 2) -> dict[str, tuple[list[float], list[float], float]]:
+    """Per call: (call times, copy times, minor page faults per call). Each round times every call right
+    after a copy of its own, so all of them, and their copies, see the host as it is during that round."""
     for _ in range(warmup):
-        copy()
-        call()
-    call_times, copy_times, faults = [], [], 0
+        for call in calls.values():
+            copy()
+            call()
+    times = {name: ([], [], 0) for name in calls}
     for _ in range(rounds):
-        start = time.perf_counter()
-        copy()
-        copy_times.append(time.perf_counter() - start)
-        before = _minor_faults()
-        start = time.perf_counter()
-        result = call()
-        call_times.append(time.perf_counter() - start)
-        faults += _minor_faults() - before
-        del result  # freed outside the timed region, as a training step frees it later
-    return call_times, copy_times, faults / rounds
+        for name, call in calls.items():
+            call_times, copy_times, faults = times[name]
+            start = time.perf_counter()
+            copy()
+            copy_times.append(time.perf_counter() - start)
+            before = _minor_faults()
+            start = time.perf_counter()
+            result = call()
+            call_times.append(time.perf_counter() - start)
+            times[name] = (call_times, copy_times, faults + _minor_faults() - before)
+            del result  # freed outside the timed region, as a training step frees it later
+    return {name: (call_times, copy_times, faults / rounds) for name, (call_times, copy_times, faults) in times.items()}
 
 
 def _spread(times: list[float]) -> float:
@@ -237,15 +243,17 @@ def measure(shape_name: str, dtype_name: str, providers, rounds: int, log=print)
     source = torch.randn(tokens * (blocks + 1) * hidden).to(dtype)  # the value stack's size
     target = torch.empty_like(source)
     copy_bytes = 2 * source.nbytes
-    results = []
+    available = {}
     for provider in providers:
         try:
-            calls = case.provider(provider)
+            available[provider] = case.provider(provider)
         except Exception as error:  # e.g. inductor without a compiler: report, keep going
             log(f"  {provider}: unavailable ({type(error).__name__}: {error})")
-            continue
-        for direction in ("forward", "backward"):
-            call_times, copy_times, faults = time_pairs(calls[direction], lambda: target.copy_(source), rounds)
+    results = []
+    for direction in ("forward", "backward"):
+        calls = {provider: both[direction] for provider, both in available.items()}
+        timed = time_rounds(calls, lambda: target.copy_(source), rounds)
+        for provider, (call_times, copy_times, faults) in timed.items():
             median, copy_median = statistics.median(call_times), statistics.median(copy_times)
             traffic = case.traffic(direction)
             copy_gbps = copy_bytes / copy_median / 1e9
