@@ -213,20 +213,21 @@ def time_rounds(calls: dict[str, Callable[[], object]], copy: Callable[[], objec
         for call in calls.values():
             copy()
             call()
-    times = {name: ([], [], 0) for name in calls}
+    call_times = {name: [] for name in calls}
+    copy_times = {name: [] for name in calls}
+    faults = dict.fromkeys(calls, 0)
     for _ in range(rounds):
         for name, call in calls.items():
-            call_times, copy_times, faults = times[name]
             start = time.perf_counter()
             copy()
-            copy_times.append(time.perf_counter() - start)
+            copy_times[name].append(time.perf_counter() - start)
             before = _minor_faults()
             start = time.perf_counter()
             result = call()
-            call_times.append(time.perf_counter() - start)
-            times[name] = (call_times, copy_times, faults + _minor_faults() - before)
+            call_times[name].append(time.perf_counter() - start)
+            faults[name] += _minor_faults() - before
             del result  # freed outside the timed region, as a training step frees it later
-    return {name: (call_times, copy_times, faults / rounds) for name, (call_times, copy_times, faults) in times.items()}
+    return {name: (call_times[name], copy_times[name], faults[name] / rounds) for name in calls}
 
 
 def _spread(times: list[float]) -> float:
