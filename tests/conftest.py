@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
 from attnres_ge import block_attention_residuals_reference
+from attnres_ge.ge_plugin.op_common import forget_cached_launches
+from attnres_ge.op_host import runtime as runtime_module
+from attnres_ge.op_host.platform import HOST_SOC, KIB, PlatformInfo, PlatformProfile
 from attnres_ge.op_kernel.reference import max_violation
 
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 WEIGHT_GRADS = ("grad_proj_weight", "grad_norm_weight")
+
+# The hosts the suite simulates, so that no test result depends on the machine running it:
+# x86-64 hosts with 1-64 usable cores and 256 KiB-2 MiB of L2 per core.
+HOST_CORES = (1, 2, 16, 64)
+HOST_L2_SIZES = (256 * KIB, 512 * KIB, 1024 * KIB, 2048 * KIB)
+
+
+def host(cores: int, l2_bytes: int) -> PlatformProfile:
+    """A host CPU's profile as `host_profile()` would measure it on such a machine."""
+    return PlatformProfile(HOST_SOC, vector_core_num=cores, ub_size=l2_bytes)
+
+
+def host_id(profile: PlatformProfile) -> str:
+    return f"{profile.vector_core_num}cores-{profile.ub_size // KIB}KiB"
+
+
+# Every combination, for cheap tests (tiling decisions) ...
+EVERY_HOST = [pytest.param(host(c, l2), id=host_id(host(c, l2))) for c in HOST_CORES for l2 in HOST_L2_SIZES]
+# ... and each core count and L2 size once, for tests that run kernels.
+HOST_SAMPLE = [pytest.param(host(c, l2), id=host_id(host(c, l2))) for c, l2 in zip(HOST_CORES, HOST_L2_SIZES,
+                                                                                  strict=True)]
+
+
+@contextmanager
+def process_runtime_on(profile: PlatformProfile) -> Iterator[runtime_module.HostRuntime]:
+    """Run the torch ops (eager and graph) as on a host with `profile`: the process runtime is replaced by one
+    on that profile, and the C++ entry forgets the launches it planned on the real one (both undone after)."""
+    saved = runtime_module._default
+    simulated = runtime_module.HostRuntime(PlatformInfo(profile))
+    runtime_module._default = simulated
+    forget_cached_launches()
+    try:
+        yield simulated
+    finally:
+        runtime_module._default = saved
+        forget_cached_launches()
 
 
 def make_inputs(tokens, blocks, hidden, dtype=torch.float32, seed=0, proj_shape=None):

@@ -6,9 +6,19 @@ import math
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, assert_close_to_reference, make_inputs, reference_with_grads
+from conftest import (
+    DTYPE_IDS,
+    HOST_SAMPLE,
+    assert_bitwise_equal,
+    assert_close_to_reference,
+    host_id,
+    make_inputs,
+    process_runtime_on,
+    reference_with_grads,
+)
 
 import attnres_ge
+from attnres_ge.op_proto import FORWARD, TensorMeta
 
 forward_op = torch.ops.attnres.block_attention_residuals
 backward_op = torch.ops.attnres.block_attention_residuals_backward
@@ -67,26 +77,49 @@ def test_backward_with_no_tokens_gives_zero_weight_gradients():
     assert torch.equal(grad_proj, torch.zeros(1, 16)) and torch.equal(grad_norm, torch.zeros(16))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_hidden_split_into_tiles_matches_reference(dtype):
-    """H large enough that one token's rows overflow the host buffer: the split variant runs."""
-    tokens, blocks, hidden = 3, 6, 20000  # 7 rows x 20000 x 4 bytes > 512 KiB
-    from attnres_ge.op_host.runtime import default_runtime
-    from attnres_ge.op_proto import FORWARD, TensorMeta
-
+def host_tiling(runtime, tokens, blocks, hidden, dtype):
     metas = {
         "partial_block": TensorMeta((tokens, hidden), dtype),
         "block_res": TensorMeta((tokens, blocks, hidden), dtype),
     }
-    tiling = default_runtime().tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True}))
-    if tiling.data.h_tile_num == 1:
-        pytest.fail(f"expected the split variant for H={hidden} on {default_runtime().platform}")
-    inputs = make_inputs(tokens, blocks, hidden, dtype)
-    grad_hidden = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
-    actual = run_forward_backward(inputs, grad_hidden)
+    return runtime.tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("profile", HOST_SAMPLE)
+def test_hidden_split_into_tiles_matches_reference(profile, dtype):
+    """On a host whose L2 one token's rows overflow, the ops run the split variant, within tolerance."""
+    tokens, blocks = 3, 6
+    hidden = profile.ub_size // 8 + 5  # 7 rows of 4-byte columns: over 3x the L2 (and not a multiple of 16)
+    with process_runtime_on(profile) as runtime:
+        tiling = host_tiling(runtime, tokens, blocks, hidden, dtype)
+        assert tiling.data.h_tile_num > 1, f"expected the split variant for H={hidden} on {runtime.platform}"
+        inputs = make_inputs(tokens, blocks, hidden, dtype)
+        grad_hidden = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
+        actual = run_forward_backward(inputs, grad_hidden)
     expected = reference_with_grads(inputs, grad_hidden)
     for name, value in actual.items():
         assert_close_to_reference(name, value, expected[name], dtype if value.dtype == dtype else torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_give_the_same_bits_on_every_host(dtype):
+    """Forward and backward through the torch ops, run as on hosts of 1-64 cores and 256 KiB-2 MiB of L2: the
+    same bits everywhere (the shape is whole rows on some of these hosts, hidden tiles on others)."""
+    tokens, blocks, hidden = 150, 7, 7000
+    inputs = make_inputs(tokens, blocks, hidden, dtype, seed=11)
+    grad_hidden = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(12)).to(dtype)
+    results, variants = {}, set()
+    for param in HOST_SAMPLE:
+        profile = param.values[0]
+        with process_runtime_on(profile) as runtime:
+            variants.add(host_tiling(runtime, tokens, blocks, hidden, dtype).data.h_tile_num > 1)
+            results[host_id(profile)] = run_forward_backward(inputs, grad_hidden)
+    assert variants == {False, True}, "the sampled hosts should cover both the whole-row and the split variant"
+    (first_host, first), *others = results.items()
+    for other_host, other in others:
+        for name in first:
+            assert_bitwise_equal(f"{name} on {other_host} vs {first_host}", other[name], first[name])
 
 
 def test_non_contiguous_inputs_are_accepted():

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import EVERY_HOST, host
 
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
@@ -335,3 +336,62 @@ GOLDEN_BYTES = {
 def test_golden_tiling_bytes(op):
     tile = forward if op == "forward" else backward
     assert tile(FAKE_ASCEND, 4096, 8, 2048).data.to_bytes().hex() == GOLDEN_BYTES[op]
+
+
+# --- the host CPU's decisions, on every host the suite simulates -----------------------
+
+HOST_SHAPES = [(0, 1, 16), (1, 8, 4096), (16, 8, 4096), (4096, 8, 2048), (1024, 16, 8192), (67, 37, 1000),
+               (3, 6, 40005), (2, 128, 65536)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def assert_hidden_walk(data, hidden):
+    """Whole rows, or tiles of whole lane groups that cover hidden exactly."""
+    if data.h_tile_num == 1:
+        assert data.h_tile == data.h_last_tile == hidden
+    else:
+        assert data.tokens_per_loop == 1 and data.h_tile % LANES == 0
+        assert 0 < data.h_last_tile <= data.h_tile < hidden
+        assert (data.h_tile_num - 1) * data.h_tile + data.h_last_tile == hidden
+
+
+@pytest.mark.parametrize("profile", EVERY_HOST)
+def test_host_tiling_is_consistent_on_every_host(profile):
+    cores = profile.vector_core_num
+    for tokens, blocks, hidden in HOST_SHAPES:
+        for dtype in DTYPES:
+            shape = (tokens, blocks, hidden, dtype)
+            fwd = forward(profile, *shape)
+            assert fwd.block_dim == fwd.data.used_core_num == max(1, min(cores, tokens)), shape
+            assert fwd.data.tokens_per_loop == 1, "the host forward walks one token per loop"
+            assert fwd.tiling_key // 10 == (2 if fwd.data.h_tile_num > 1 else 1), shape
+            assert_hidden_walk(fwd.data, hidden)
+            bwd = backward(profile, *shape)
+            assert bwd.block_dim == bwd.data.used_core_num == max(1, min(cores, bwd.data.chunk_num)), shape
+            assert 1 <= bwd.data.tokens_per_loop <= bwd.data.chunk_tokens
+            assert bwd.workspace_size == bwd.data.chunk_num * hidden * 4
+            assert_hidden_walk(bwd.data, hidden)
+
+
+@pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_host_hidden_walk_depends_on_l2_only_and_grows_with_it(tile, dtype):
+    """The core count never changes how hidden is walked; a larger L2 never cuts finer tiles."""
+    for tokens, blocks, hidden in HOST_SHAPES:
+        walks = {}
+        for param in EVERY_HOST:
+            profile = param.values[0]
+            data = tile(profile, tokens, blocks, hidden, dtype).data
+            walk = (data.h_tile_num, data.h_tile, data.tokens_per_loop)
+            assert walks.setdefault(profile.ub_size, walk) == walk, f"{tokens, blocks, hidden} on {profile}"
+        sizes = sorted(walks)
+        for smaller, larger in zip(sizes, sizes[1:]):
+            assert walks[larger][0] <= walks[smaller][0], f"{tokens, blocks, hidden}: {walks}"
+
+
+def test_l2_decides_between_whole_rows_and_hidden_tiles():
+    """The split-H numerics tests size hidden by the L2; this pins that the sizing forces tiles on a host of
+    each L2 size, and that the same shape runs whole rows where the L2 holds it."""
+    for l2 in (256 * 1024, 512 * 1024, 1024 * 1024, 2048 * 1024):
+        assert forward(host(2, l2), 3, 6, l2 // 8 + 5).data.h_tile_num > 1
+        assert forward(host(2, l2), 3, 6, l2 // 64).data.h_tile_num == 1
