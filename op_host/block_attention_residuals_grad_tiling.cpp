@@ -2,7 +2,7 @@
  * \file block_attention_residuals_grad_tiling.cpp
  * \brief BlockAttentionResidualsGrad TilingParse + Tiling.
  *
- * Matches the kernels of hicann/ops-transformer mhc/block_attention_residuals_grad at commit
+ * CANN release matched: the kernels of hicann/ops-transformer mhc/block_attention_residuals_grad at commit
  * 7e331298a02d2495f44f944761c55044fbd6b466 (see the header). The UB formulas below count the buffers those
  * kernels allocate; a kernel whose buffers change needs these counts changed with it.
  */

@@ -2,7 +2,7 @@
  * \file block_attention_residuals_tiling.cpp
  * \brief BlockAttentionResiduals TilingParse + Tiling.
  *
- * Matches the kernels of hicann/ops-transformer mhc/block_attention_residuals at commit
+ * CANN release matched: the kernels of hicann/ops-transformer mhc/block_attention_residuals at commit
  * 6579238f698207417e39d6f09d220d2d62ac5544 (see the header). Those kernels budget UB against a fixed 192 KiB on
  * every SoC (not the platform's UB), so only the vector-core count and the system workspace come from the
  * platform; the UB formulas below count the buffers the kernels allocate.

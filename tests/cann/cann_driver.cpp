@@ -17,7 +17,8 @@
 //                                              "valid_block_num,norm_eps,need_backward"; dims "4,2,8", "-2", "s"
 //   opdef
 // Platforms: cold (PlatFormInfos::Init only), late (cold at TilingParse, filled as hand910b2 before Tiling),
-// ini910b2 (fe::PlatformInfoManager reading Ascend910B2.ini), hand910b2, hand91093, hand950 (built by hand).
+// ini910b2 (fe::PlatformInfoManager reading Ascend910B2.ini), hand910b2, hand91093, hand950 (built by hand),
+// vectorcountonly (see FillVectorCountOnly).
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -126,11 +127,29 @@ bool FillFromIni(fe::PlatFormInfos &platform)
     return platform.GetPlatformResWithLock("SoCInfo", "vector_core_cnt", cores) && !cores.empty();
 }
 
+// A 910B2 platform whose SoCInfo holds only vector_core_cnt (no core_type_list, no ai_core_cnt):
+// PlatformAscendC::GetCoreNumAiv() reads ai_core_cnt there and returns 0; the count is still in the platform.
+void FillVectorCountOnly(fe::PlatFormInfos &platform)
+{
+    const SocKeys &keys = HAND_BUILT.at("hand910b2");
+    std::map<std::string, std::string> version = {
+        {"SoC_version", keys.socVersion}, {"Short_SoC_version", keys.shortSocVersion}, {"NpuArch", keys.npuArch}};
+    std::map<std::string, std::string> soc = {{"vector_core_cnt", keys.vectorCores}};
+    std::map<std::string, std::string> spec = {{"ub_size", keys.ubBytes}};
+    platform.SetPlatformRes("version", version);
+    platform.SetPlatformRes("SoCInfo", soc);
+    platform.SetPlatformRes("AICoreSpec", spec);
+}
+
 // The platform TilingParse sees; `late` is filled afterwards by FillLate.
 bool MakeParsePlatform(const std::string &name, fe::PlatFormInfos &platform)
 {
     platform.Init();
     if (name == "cold" || name == "late") return true;
+    if (name == "vectorcountonly") {
+        FillVectorCountOnly(platform);
+        return true;
+    }
     if (name == "ini910b2") return FillFromIni(platform);
     auto it = HAND_BUILT.find(name);
     if (it == HAND_BUILT.end()) return false;

@@ -92,7 +92,7 @@ def drivers() -> Drivers:
         _unavailable("g++ or make not found")
     jobs = str(max(1, min(os.cpu_count() or 1, 4)))
     done = subprocess.run(
-        ["make", "--no-print-directory", "cann-host-drivers", f"CANN_SRC={kit}", f"CANN_JOBS={jobs}"],
+        ["make", "--no-print-directory", f"-j{jobs}", "cann-host-drivers", f"CANN_SRC={kit}", f"CANN_JOBS={jobs}"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -106,6 +106,20 @@ def test_late_platform_uses_the_full_core_count(drivers, op, count):
 
 
 @pytest.mark.parametrize("op", [GRAD, FWD])
+def test_requery_finds_the_vector_core_count_platform_ascendc_misses(drivers, op, count):
+    """SoCInfo with vector_core_cnt but no core_type_list: PlatformAscendC reports 0 vector cores; the re-query
+    reads vector_core_cnt from the same platform, so there is no fallback (upstream's backward fails here)."""
+    commands = tiling_commands(op, "vectorcountonly", [(64, 4, 2048)])
+    ours = drivers.run("ours", commands)
+    for line in ours.lines:
+        assert line["rc"] == 0 and line["block_dim"] == 48, line
+    assert "platform info incomplete" not in ours.output
+    if op == GRAD:
+        assert all(line["parse_rc"] == FAILED for line in drivers.run("upstream", commands).lines)
+    count(f"re-query {op}: vector cores found without fallback", len(ours.lines))
+
+
+@pytest.mark.parametrize("op", [GRAD, FWD])
 def test_strict_mode_fails_tiling_on_a_cold_platform(drivers, op, count):
     commands = tiling_commands(op, "cold", [(64, 4, 2048)])
     strict = drivers.run("ours", commands, ATTNRES_GE_STRICT_PLATFORM="1")
