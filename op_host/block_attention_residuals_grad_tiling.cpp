@@ -196,16 +196,16 @@ ge::graphStatus ReadShape(gert::TilingContext *ctx, GradShape &s)
     const gert::Shape &ps = partial->GetStorageShape();
     const gert::Shape &bs = blockRes->GetStorageShape();
     if (RankOf(ps) != PARTIAL_BLOCK_RANK || RankOf(bs) != BLOCK_RES_RANK) {
-        OP_LOGE(OP_TYPE, "[Tiling] partial_block must be 2-D [T, H] and block_res 3-D [T, N, H], got ranks %zu and %zu",
-                RankOf(ps), RankOf(bs));
+        OP_LOGE(OP_TYPE, "[Tiling] partial_block must be 2-D [T, H] and block_res 3-D [T, N, H], got ranks %zu "
+                "and %zu", RankOf(ps), RankOf(bs));
         return ge::GRAPH_FAILED;
     }
     s.batch = ps.GetDim(0);
     s.hidden = ps.GetDim(1);
     s.blocks = bs.GetDim(1);
     if (s.batch <= 0 || s.hidden <= 0 || s.blocks < 0 || s.blocks > MAX_NUM_BLOCKS) {
-        OP_LOGE(OP_TYPE, "[Tiling] partial_block/block_res need T >= 1, H >= 1 and 0 <= N <= %ld, got T=%ld N=%ld H=%ld",
-                MAX_NUM_BLOCKS, s.batch, s.blocks, s.hidden);
+        OP_LOGE(OP_TYPE, "[Tiling] partial_block/block_res need T >= 1, H >= 1 and 0 <= N <= %ld, got T=%ld N=%ld "
+                "H=%ld", MAX_NUM_BLOCKS, s.batch, s.blocks, s.hidden);
         return ge::GRAPH_FAILED;
     }
     if (bs.GetDim(0) != s.batch || bs.GetDim(2) != s.hidden) {

@@ -3,8 +3,9 @@
  * \brief BlockAttentionResidualsGrad host tiling: compile info, the kernel's tiling record, tiling keys.
  *
  * CANN release matched: the kernels of hicann/ops-transformer mhc/block_attention_residuals_grad at commit
- * 7e331298a02d2495f44f944761c55044fbd6b466 (the CANN ops-transformer sources staged in shared/cann-src, see its
- * PROVENANCE.tsv; the kit records commits, not a release number): op_kernel/block_attention_residuals_grad_tiling_data.h (14 x 8-byte fields, 112 bytes) and
+ * 7e331298a02d2495f44f944761c55044fbd6b466
+ * (staged in shared/cann-src, see its PROVENANCE.tsv; the kit records commits, not a release number):
+ * op_kernel/block_attention_residuals_grad_tiling_data.h (14 x 8-byte fields, 112 bytes) and
  * op_kernel/block_attention_residuals_grad_tiling_key.h (one template argument hMode: 0 whole H, 1 split H).
  * On a warm platform the tiling record, key, block dim, schedule mode and workspace equal that commit's host
  * tiling; only the cold start differs (platform facts are read in Tiling, never in TilingParse).

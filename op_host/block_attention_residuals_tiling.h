@@ -3,8 +3,9 @@
  * \brief BlockAttentionResiduals host tiling: compile info, the kernel's tiling record, tiling keys.
  *
  * CANN release matched: the kernels of hicann/ops-transformer mhc/block_attention_residuals at commit
- * 6579238f698207417e39d6f09d220d2d62ac5544 (the CANN ops-transformer sources staged in shared/cann-src, see its
- * PROVENANCE.tsv; the kit records commits, not a release number): op_kernel/block_attention_residuals_tiling_data.h (96 bytes, pack(8)) and
+ * 6579238f698207417e39d6f09d220d2d62ac5544
+ * (staged in shared/cann-src, see its PROVENANCE.tsv; the kit records commits, not a release number):
+ * op_kernel/block_attention_residuals_tiling_data.h (96 bytes, pack(8)) and
  * op_kernel/tiling_key_block_attention_residuals.h (keys 40010 / 40020 / 40030; the dtype is not in the key,
  * each dtype has its own kernel binary). On a warm platform the record (padding zeroed), key, block dim and
  * workspace equal that commit's host tiling; only the cold start differs.

@@ -134,8 +134,8 @@ def test_strict_mode_fails_tiling_on_a_cold_platform(drivers, op, count):
 
 def test_cold_platform_upstream_forward_tiling_reports_success_with_an_unset_workspace(drivers, count):
     """Upstream's forward, beside ours above: on a cold platform its Tiling succeeds with workspace uint32(-1)."""
-    upstream = drivers.run("upstream", tiling_commands(FWD, "cold", [(64, 4, 2048)], dtypes=("bfloat16",),
-                                                       need_backward=(1,)))
+    commands = tiling_commands(FWD, "cold", [(64, 4, 2048)], dtypes=("bfloat16",), need_backward=(1,))
+    upstream = drivers.run("upstream", commands)
     line = upstream.lines[0]
     assert line["parse_rc"] == 0 and line["rc"] == 0 and line["workspace"] == 2**32 - 1, line
     count("cold BlockAttentionResiduals: upstream Tiling succeeded with workspace 4294967295", 1)
@@ -150,9 +150,7 @@ def test_warm_tiling_equals_upstream(drivers, op, platform, count):
     commands = tiling_commands(op, platform, shapes(op))
     ours = drivers.run("ours", commands).lines
     upstream = drivers.run("upstream", commands).lines
-    differences = [
-        (o, u) for o, u in zip(ours, upstream, strict=True) if comparable(o) != comparable(u)
-    ]
+    differences = [(o, u) for o, u in zip(ours, upstream, strict=True) if comparable(o) != comparable(u)]
     assert not differences, f"{len(differences)} of {len(commands)} differ; first: {differences[0]}"
     accepted = [o for o in ours if o.get("rc") == 0]
     assert accepted and len(accepted) < len(ours), "the cases must include accepted and rejected shapes"
@@ -194,8 +192,10 @@ def layout_shape(layout, t, n, h):
 def infer_cases(op):
     """(attrs, {input: (dtype, shape)}) rows: valid shapes, unknown dims and rank, and every rejection."""
     layout = GRAD_LAYOUT if op == GRAD else FWD_LAYOUT
-    base_attrs = {"valid_block_num": 0} if op == GRAD else {"valid_block_num": -1, "norm_eps": 1e-6,
-                                                             "need_backward": True}
+    if op == GRAD:
+        base_attrs = {"valid_block_num": 0}
+    else:
+        base_attrs = {"valid_block_num": -1, "norm_eps": 1e-6, "need_backward": True}
     float_dtype = "bfloat16"
 
     def tensors(t, n, h, dtype=float_dtype):
@@ -286,13 +286,17 @@ def test_infer_shape_and_dtype_equal_the_python_prototype(drivers, op, count):
 
 
 def test_infer_shape_rejection_names_op_tensor_expected_and_received(drivers):
-    bad = {"partial_block": ("float32", (4, 8)), "block_res": ("float32", (4, 2, 9)),
-           "proj_weight": ("float32", (1, 8)), "norm_weight": ("float32", (8,))}
-    run = drivers.run("ours", [infer_command(FWD, {"valid_block_num": -1, "norm_eps": 1e-6,
-                                                    "need_backward": False}, bad)])
+    bad = {
+        "partial_block": ("float32", (4, 8)),
+        "block_res": ("float32", (4, 2, 9)),
+        "proj_weight": ("float32", (1, 8)),
+        "norm_weight": ("float32", (8,)),
+    }
+    attrs = {"valid_block_num": -1, "norm_eps": 1e-6, "need_backward": False}
+    run = drivers.run("ours", [infer_command(FWD, attrs, bad)])
     assert run.lines[0]["shape_rc"] == FAILED
-    assert "OpName:[BlockAttentionResiduals] [InferShape] block_res must have shape [T, N, H] = [4, *, 8], " \
-           "got [4, 2, 9]" in run.output
+    expected = "block_res must have shape [T, N, H] = [4, *, 8], got [4, 2, 9]"
+    assert f"OpName:[BlockAttentionResiduals] [InferShape] {expected}" in run.output
 
 
 # ---------------------------------------------------------------- OpDef
@@ -344,6 +348,8 @@ def test_opdef_equals_the_python_declaration(drivers, op, count):
             for a, b in zip(ours, theirs)
             if a != b
         )
-        pytest.xfail(f"{op}: the Python declaration differs from the OpDef (upstream's) in {differing}: {details} "
-                     "(the Python side is being aligned to upstream)")
+        pytest.xfail(
+            f"{op}: the Python declaration differs from the OpDef (upstream's) in {differing}: {details} "
+            "(the Python side is being aligned to upstream)"
+        )
     count(f"OpDef {op}: equal to the Python declaration", 1)
