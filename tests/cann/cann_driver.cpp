@@ -13,12 +13,14 @@
 //
 // Commands (stdin, one per line; '#' starts a comment):
 //   tiling <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H>
+//   threads <count> <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H>   (the case from <count> threads)
 //   infer <op> <attrs> <dtype>:<dims> ...     attrs: grad "valid_block_num", forward
 //                                              "valid_block_num,norm_eps,need_backward"; dims "4,2,8", "-2", "s"
 //   opdef
 // Platforms: cold (PlatFormInfos::Init only), late (cold at TilingParse, filled as hand910b2 before Tiling),
 // ini910b2 (fe::PlatformInfoManager reading Ascend910B2.ini), hand910b2, hand91093, hand950 (built by hand),
 // vectorcountonly (see FillVectorCountOnly).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/context_builder/op_infer_datatype_context_builder.h"
@@ -58,11 +61,11 @@ std::string Quote(const std::string &text)
     return "\"" + text + "\"";
 }
 
-// One output line, printed whole at the end: the registrations log to stdout while a command runs.
-class JsonLine {
+// One JSON object, printed whole once a command is done: the registrations log to stdout while it runs.
+class JsonText {
 public:
     template <typename... Args>
-    JsonLine &Add(const char *format, Args... args)
+    JsonText &Add(const char *format, Args... args)
     {
         const int size = std::snprintf(nullptr, 0, format, args...);
         std::string part(static_cast<size_t>(size) + 1, '\0');
@@ -71,18 +74,27 @@ public:
         text_ += part;
         return *this;
     }
-    JsonLine &Raw(const std::string &part)
+    JsonText &Raw(const std::string &part)
     {
         text_ += part;
         return *this;
     }
-    ~JsonLine()
+    std::string Object() const
     {
-        std::printf("%s}\n", text_.c_str());
+        return "{" + text_ + "}";
     }
 
 private:
-    std::string text_ = "{";
+    std::string text_;
+};
+
+// Prints the object on destruction, so every early return still emits its line.
+class JsonLine : public JsonText {
+public:
+    ~JsonLine()
+    {
+        std::printf("%s\n", Object().c_str());
+    }
 };
 
 // ---------------------------------------------------------------- platforms
@@ -292,14 +304,26 @@ std::string Hex(const uint8_t *data, size_t size)
     return out;
 }
 
-void CommandTiling(std::istringstream &args)
-{
+struct TilingCase {
     std::string op, platformName, dtypeName;
     int needBackward = 0;
     int64_t T = 0, N = 0, H = 0;
-    args >> op >> platformName >> dtypeName >> needBackward >> T >> N >> H;
+};
+
+TilingCase ReadTilingCase(std::istringstream &args)
+{
+    TilingCase c;
+    args >> c.op >> c.platformName >> c.dtypeName >> c.needBackward >> c.T >> c.N >> c.H;
+    return c;
+}
+
+// TilingParse then Tiling of one case on a platform of its own, as GE runs them for one node.
+void RunTilingCase(const TilingCase &c, JsonText &out)
+{
+    const std::string &op = c.op, &platformName = c.platformName, &dtypeName = c.dtypeName;
+    const int needBackward = c.needBackward;
+    const int64_t T = c.T, N = c.N, H = c.H;
     const bool grad = op == GRAD;
-    JsonLine out;
     out.Add("\"cmd\":\"tiling\",\"op\":%s,\"platform\":%s,\"dtype\":%s,\"need_backward\":%d,"
                 "\"T\":%" PRId64 ",\"N\":%" PRId64 ",\"H\":%" PRId64,
                 Quote(op).c_str(), Quote(platformName).c_str(), Quote(dtypeName).c_str(), needBackward, T, N, H);
@@ -349,6 +373,28 @@ void CommandTiling(std::istringstream &args)
                     ctx->GetTilingKey(), ctx->GetBlockDim(), ctx->GetScheduleMode(), ws0, slots->GetSize(),
                     Hex(reinterpret_cast<const uint8_t *>(data->GetData()), data->GetDataSize()).c_str());
     }
+}
+
+void CommandTiling(std::istringstream &args)
+{
+    JsonLine out;
+    RunTilingCase(ReadTilingCase(args), out);
+}
+
+// threads <count> <tiling case>: the same case run at once from <count> threads (first calls of a process).
+void CommandThreads(std::istringstream &args)
+{
+    int count = 0;
+    args >> count;
+    const TilingCase c = ReadTilingCase(args);
+    std::vector<JsonText> results(static_cast<size_t>(std::max(count, 0)));
+    std::vector<std::thread> threads;
+    for (auto &result : results) threads.emplace_back([&c, &result] { RunTilingCase(c, result); });
+    for (auto &thread : threads) thread.join();
+    JsonLine out;
+    out.Add("\"cmd\":\"threads\",\"results\":[");
+    for (size_t i = 0; i < results.size(); ++i) out.Raw((i ? "," : "") + results[i].Object());
+    out.Raw("]");
 }
 
 std::vector<int64_t> ParseDims(const std::string &text)
@@ -449,6 +495,8 @@ int main()
         if (!(args >> command) || command[0] == '#') continue;
         if (command == "tiling") {
             CommandTiling(args);
+        } else if (command == "threads") {
+            CommandThreads(args);
         } else if (command == "infer") {
             CommandInfer(args);
         } else if (command == "opdef") {

@@ -81,6 +81,21 @@ def test_cold_platform_parse_passes_and_tiling_falls_back_to_one_core(drivers, o
     count(f"cold {op}: our TilingParse+Tiling passed with block dim 1", len(ours.lines))
 
 
+def test_first_calls_from_several_threads_on_cold_platforms(drivers, count):
+    """Eight threads run both ops' first TilingParse + Tiling at once: all fall back, one warning per op."""
+    threads = 8
+    commands = [f"threads {threads} {op} cold float32 1 64 4 2048" for op in (GRAD, FWD)]
+    run = drivers.run("ours", commands)
+    for line in run.lines:
+        assert len(line["results"]) == threads
+        for result in line["results"]:
+            assert result["parse_rc"] == 0 and result["rc"] == 0 and result["block_dim"] == 1, result
+        assert len({result["data"] for result in line["results"]}) == 1, "every thread must get the same tiling"
+    for op in (GRAD, FWD):
+        assert run.output.count(f"OpName:[{op}] [Tiling] platform info incomplete") == 1
+    count("threads: first calls run at once, all fell back to 1 core", threads * len(commands))
+
+
 def test_cold_platform_upstream_backward_parse_fails(drivers, count):
     """The seed bug, reproduced beside the fix: upstream's backward TilingParse reads the core count."""
     commands = tiling_commands(GRAD, "cold", [(64, 4, 2048)])
