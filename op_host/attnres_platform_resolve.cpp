@@ -13,6 +13,8 @@
  */
 #include "attnres_platform_resolve.h"
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
