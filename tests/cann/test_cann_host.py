@@ -8,6 +8,9 @@ when the tier is skipped.
 from __future__ import annotations
 
 import math
+import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 WARM_PLATFORMS = ("ini910b2", "hand910b2", "hand91093", "hand950")
 FULL_CORES = {"ini910b2": 48, "hand910b2": 48, "hand91093": 48, "hand950": 56}
 FAILED = 4294967295  # ge::GRAPH_FAILED as the driver prints it
+REPO = Path(__file__).resolve().parents[2]
 
 # Forward tiling record (96 bytes): bytes 52..55 are struct padding upstream never writes. With T = 0 upstream
 # also leaves invHiddenSize (48..51) and wsSizePerToken (56..63) unset (its early return), so those are
@@ -177,6 +181,54 @@ def test_warm_tiling_equals_upstream(drivers, op, platform, count):
         assert {o["block_dim"] for o in accepted} >= {1, FULL_CORES[platform]}
     count(f"warm {platform} {op}: cases compared with upstream", len(commands))
     count(f"warm {platform} {op}: both rejected", len(ours) - len(accepted))
+
+
+# Pinned from the CANN source kit's README (upstream on the warm Ascend910B2 .ini): (op, dtype, T, N, H) ->
+# key, block dim, workspace, and decoded fields. Guards the comparison itself against a changed kit.
+PINNED_910B2 = [
+    (GRAD, "float32", 64, 4, 2048, 0, 48, 17170432, {"hiddenTileSize": 2048, "perCoreWkspBytes": 8192}),
+    (GRAD, "bfloat16", 3, 6, 20000, 1, 48, 20636672,
+     {"hiddenTileSize": 6672, "hiddenTileNum": 3, "perCoreWkspBytes": 80384, "gradScoresWkspOff": 3858432,
+      "varianceScaleWkspOff": 3858944}),
+    (GRAD, "float32", 1, 0, 16, 0, 48, 16801792, {"totalBlocks": 1, "perCoreWkspBytes": 512}),
+    (FWD, "bfloat16", 4096, 8, 2048, 40020, 48, 16777216, {"tokensPerCore": 86, "hiddenSizeChunk": 0}),
+    (FWD, "float32", 3, 6, 20000, 40030, 3, 16777216, {"tokensPerCore": 1, "hiddenSizeChunk": 6800}),
+    (FWD, "bfloat16", 3, 6, 20000, 40030, 3, 16777216, {"tokensPerCore": 1, "hiddenSizeChunk": 9072}),
+]
+GRAD_FIELDS = ("batchSize numBlocks totalBlocks hiddenSize hiddenTileSize hiddenTileNum coreBatchStart coreBatchEnd "
+               "coreBatchCount gradScoreWeightWkspOff coreNum perCoreWkspBytes gradScoresWkspOff "
+               "varianceScaleWkspOff").split()
+FWD_FIELDS = {"tokensPerCore": (32, "<q"), "hiddenSizeChunk": (88, "<q")}
+
+
+def decoded(op, data):
+    if op == GRAD:
+        return dict(zip(GRAD_FIELDS, struct.unpack("<14q", data), strict=True))
+    return {name: struct.unpack_from(fmt, data, offset)[0] for name, (offset, fmt) in FWD_FIELDS.items()}
+
+
+@pytest.mark.parametrize("which", ["ours", "upstream"])
+def test_warm_910b2_tiling_pinned_to_the_kit_readme(drivers, which):
+    commands = [f"tiling {op} ini910b2 {dtype} 1 {t} {n} {h}" for op, dtype, t, n, h, *_ in PINNED_910B2]
+    for line, (op, _, _, _, _, key, block_dim, workspace, fields) in zip(
+        drivers.run(which, commands).lines, PINNED_910B2, strict=True
+    ):
+        assert (line["key"], line["block_dim"], line["workspace"]) == (key, block_dim, workspace), line
+        values = decoded(op, bytes.fromhex(line["data"]))
+        assert {name: values[name] for name in fields} == fields, line
+
+
+def test_archive_holds_only_our_registrations(drivers):
+    """build/cann-host/libattnres_ge_cann_host.a: one object per source in op_host/cann_sources.txt, no main."""
+    archive = REPO / "build" / "cann-host" / "libattnres_ge_cann_host.a"
+    sources = (REPO / "op_host" / "cann_sources.txt").read_text().splitlines()
+    listed = [line.strip() for line in sources if line.strip() and not line.startswith("#")]
+    members = subprocess.run(["ar", "t", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(members) == sorted(Path(source).with_suffix(".o").name for source in listed)
+    nm = ["nm", "-C", "--defined-only", str(archive)]
+    symbols = subprocess.run(nm, capture_output=True, text=True, check=True).stdout
+    assert " T main" not in symbols
+    assert "PlatformAscendC::GetCoreNumAiv" not in symbols and "OpImplRegistry::GetInstance" not in symbols
 
 
 def test_forward_padding_bytes_are_zero(drivers):
