@@ -231,10 +231,14 @@ def test_archive_holds_only_our_registrations(drivers):
     assert "PlatformAscendC::GetCoreNumAiv" not in symbols and "OpImplRegistry::GetInstance" not in symbols
 
 
-def test_forward_padding_bytes_are_zero(drivers):
+def test_forward_record_has_no_unset_bytes(drivers):
+    """Padding is zero; with T = 0 (where upstream leaves them unset) invHiddenSize is 1/H, wsSizePerToken 0."""
     lines = drivers.run("ours", tiling_commands(FWD, "hand910b2", [(64, 4, 2048), (0, 4, 16)])).lines
     for line in lines:
-        assert bytes.fromhex(line["data"])[52:56] == b"\0\0\0\0", line
+        data = bytes.fromhex(line["data"])
+        assert data[52:56] == bytes(4), line
+        assert struct.unpack_from("<f", data, 48)[0] == struct.unpack("<f", struct.pack("<f", 1 / line["H"]))[0]
+        assert struct.unpack_from("<Q", data, 56)[0] == 0, line
 
 
 # ---------------------------------------------------------------- InferShape / InferDataType vs Python
