@@ -9,7 +9,7 @@ INTEROP_VENV := .venv-interop
 TORCH := torch==2.13.0
 TORCH_NPU := torch_npu==2.13.0
 
-.PHONY: demo test test-main test-interop setup clean
+.PHONY: demo test test-main test-interop setup clean cann-kit cann-host cann-host-drivers
 
 # --no-build-isolation: the native kernels are built against the torch installed just before.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -49,6 +49,54 @@ test-interop:
 	fi
 
 test: test-main test-interop
+
+# ---- CANN host registrations (the C++ GE loads on Ascend), built and tested on this CPU against the CANN
+# source kit. The kit is read-only input: its build.sh writes only into build/cann-sim (reused between runs).
+CANN_SRC ?= ../shared/cann-src
+CANN_SIM_DIR := build/cann-sim
+CANN_HOST_DIR := build/cann-host
+CANN_HOST_LIB := $(CANN_HOST_DIR)/libattnres_ge_cann_host.a
+CANN_HOST_SOURCES := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' op_host/cann_sources.txt)
+CANN_HOST_OBJS := $(CANN_HOST_SOURCES:%.cpp=$(CANN_HOST_DIR)/obj/%.o)
+CANN_HOST_HEADERS := $(wildcard op_host/*.h op_proto/*.h)
+CANN_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CANN_CXX ?= g++
+# Recursively expanded: read only when a cann-* target runs, so other targets work without the kit.
+CANN_CXXFLAGS = -std=c++17 -O1 -g0 -w -DOS_TYPE=0 $(shell sed 's|^|-I$(abspath $(CANN_SRC))/|' $(CANN_SRC)/include_dirs.txt)
+CANN_SIM_LIBS = -Wl,--whole-archive $(CANN_SIM_DIR)/lib/libcann_sim_stubs.a -Wl,--no-whole-archive \
+	$(CANN_SIM_DIR)/lib/libcann_host_sim.a -rdynamic -Wl,-u,GetRegisteredOpNum -Wl,-u,GetOpImplFunctionsV2 \
+	-Wl,-u,GetOpImplFunctions -Wl,-u,GetRegisteredOpCtNum -Wl,-u,GetOpCtImplFunctions -ldl -lpthread
+
+cann-kit:
+	@test -f $(CANN_SRC)/build.sh || { echo "cann-host: no CANN source kit at CANN_SRC=$(CANN_SRC)" >&2; exit 1; }
+	$(CANN_SRC)/build.sh $(CANN_SIM_DIR) --no-harness -j $(CANN_JOBS)
+
+$(CANN_HOST_DIR)/obj/%.o: %.cpp $(CANN_HOST_HEADERS) | cann-kit
+	@mkdir -p $(@D)
+	$(CANN_CXX) $(CANN_CXXFLAGS) -c $< -o $@
+
+# Only our registrations: consumers link it with --whole-archive, as the kit's README links upstream's archive.
+$(CANN_HOST_LIB): $(CANN_HOST_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+cann-host: cann-kit $(CANN_HOST_LIB)
+
+# tests/cann: the same driver linked with our registrations and with upstream's; the SoC file is copied where
+# fe::PlatformInfoManager looks for it (<exe dir>/../data/platform_config).
+CANN_DRIVER_OBJS := $(CANN_HOST_DIR)/obj/tests/cann/cann_driver.o $(CANN_HOST_DIR)/obj/tests/cann/opdef_json.o
+
+$(CANN_HOST_DIR)/obj/tests/cann/opdef_json.o: tests/cann/opdef_json.cpp | cann-kit
+	@mkdir -p $(@D)
+	$(CANN_CXX) $(CANN_CXXFLAGS) -fno-access-control -c $< -o $@
+
+cann-host-drivers: cann-host $(CANN_DRIVER_OBJS)
+	@mkdir -p $(CANN_HOST_DIR)/bin $(CANN_HOST_DIR)/data/platform_config
+	cp -f $(CANN_SIM_DIR)/data/platform_config/Ascend910B2.ini $(CANN_HOST_DIR)/data/platform_config/
+	$(CANN_CXX) -o $(CANN_HOST_DIR)/bin/driver_ours $(CANN_DRIVER_OBJS) \
+		-Wl,--whole-archive $(CANN_HOST_LIB) -Wl,--no-whole-archive $(CANN_SIM_LIBS)
+	$(CANN_CXX) -o $(CANN_HOST_DIR)/bin/driver_upstream $(CANN_DRIVER_OBJS) \
+		-Wl,--whole-archive $(CANN_SIM_DIR)/lib/libupstream_attnres_host.a -Wl,--no-whole-archive $(CANN_SIM_LIBS)
 
 clean:
 	rm -rf $(VENV) $(INTEROP_VENV) build *.egg-info

@@ -1,0 +1,143 @@
+/*!
+ * \file block_attention_residuals_infershape.cpp
+ * \brief InferShape / InferDataType of BlockAttentionResiduals. Accepts and rejects what the Python prototype
+ *        (op_proto/block_attention_residuals.py) does, including GE's unknown dims and unknown rank. inv_norm and
+ *        probs (OPTIONAL outputs) are [T, N+1] float32 when need_backward is true, else empty ([0]).
+ */
+#include <cmath>
+
+#include "attnres_shape_check.h"
+#include "register/op_impl_registry.h"
+
+namespace ops {
+namespace {
+using attnres_ge::CheckDimRange;
+using attnres_ge::CheckTensorShape;
+using attnres_ge::DimsOf;
+
+constexpr const char *OP_TYPE = "BlockAttentionResiduals";
+constexpr size_t INPUT_PARTIAL_BLOCK = 0;
+constexpr size_t INPUT_BLOCK_RES = 1;
+constexpr size_t INPUT_PROJ_WEIGHT = 2;
+constexpr size_t INPUT_NORM_WEIGHT = 3;
+constexpr size_t OUTPUT_HIDDEN_STATES = 0;
+constexpr size_t OUTPUT_INV_NORM = 1;
+constexpr size_t OUTPUT_PROBS = 2;
+constexpr size_t ATTR_VALID_BLOCK_NUM = 0;
+constexpr size_t ATTR_NORM_EPS = 1;
+constexpr size_t ATTR_NEED_BACKWARD = 2;
+constexpr int64_t MIN_NUM_BLOCKS = 1;
+constexpr int64_t MAX_NUM_BLOCKS = 100;
+constexpr int64_t MIN_HIDDEN = 1;
+constexpr int64_t VALID_BLOCK_NUM_ALL = -1;
+constexpr float DEFAULT_NORM_EPS = 1e-6F;
+
+struct ForwardAttrs {
+    int64_t validBlockNum = VALID_BLOCK_NUM_ALL;
+    float normEps = DEFAULT_NORM_EPS;
+    bool needBackward = false;
+};
+
+ForwardAttrs ReadAttrs(const gert::RuntimeAttrs *attrs)
+{
+    ForwardAttrs read;
+    if (attrs == nullptr) {
+        return read;
+    }
+    if (const int64_t *valid = attrs->GetAttrPointer<int64_t>(ATTR_VALID_BLOCK_NUM)) read.validBlockNum = *valid;
+    if (const float *eps = attrs->GetAttrPointer<float>(ATTR_NORM_EPS)) read.normEps = *eps;
+    if (const bool *backward = attrs->GetAttrPointer<bool>(ATTR_NEED_BACKWARD)) read.needBackward = *backward;
+    return read;
+}
+
+bool CheckProjWeight(const gert::Shape *proj, int64_t hidden)
+{
+    // [H] or [1, H]; any other rank is reported against [1, H].
+    if (proj != nullptr && !attnres_ge::IsUnknownRank(*proj) && proj->GetDimNum() == 1) {
+        return CheckTensorShape(OP_TYPE, "proj_weight", proj, "[H]", {hidden});
+    }
+    return CheckTensorShape(OP_TYPE, "proj_weight", proj, "[1, H]", {1, hidden});
+}
+
+bool CheckAttrs(const ForwardAttrs &attrs, int64_t blocks)
+{
+    if (!(std::isfinite(attrs.normEps) && attrs.normEps > 0.0F)) {
+        OP_LOGE(OP_TYPE, "[InferShape] attribute norm_eps must be finite and > 0 (as float32), got %g",
+                static_cast<double>(attrs.normEps));
+        return false;
+    }
+    // With N unknown (-1) only -1 passes, as in the Python prototype.
+    if (attrs.validBlockNum != VALID_BLOCK_NUM_ALL && attrs.validBlockNum != blocks) {
+        OP_LOGE(OP_TYPE, "[InferShape] attribute valid_block_num is reserved and must be -1 or N = %ld, got %ld",
+                blocks, attrs.validBlockNum);
+        return false;
+    }
+    return true;
+}
+
+ge::graphStatus InferShapeBlockAttentionResiduals(gert::InferShapeContext *ctx)
+{
+    if (ctx == nullptr) {
+        return ge::GRAPH_FAILED;
+    }
+    const gert::Shape *partial = ctx->GetInputShape(INPUT_PARTIAL_BLOCK);
+    const gert::Shape *blockRes = ctx->GetInputShape(INPUT_BLOCK_RES);
+    const int64_t unknown = attnres_ge::UNKNOWN_DIM;
+    if (!CheckTensorShape(OP_TYPE, "partial_block", partial, "[T, H]", {unknown, unknown})) {
+        return ge::GRAPH_FAILED;
+    }
+    const std::vector<int64_t> th = DimsOf(*partial, 2);
+    const int64_t tokens = th[0];
+    const int64_t hidden = th[1];
+    if (!CheckDimRange(OP_TYPE, "partial_block", "H", "hidden size", hidden, MIN_HIDDEN, -1) ||
+        !CheckTensorShape(OP_TYPE, "block_res", blockRes, "[T, N, H]", {tokens, unknown, hidden})) {
+        return ge::GRAPH_FAILED;
+    }
+    const int64_t blocks = DimsOf(*blockRes, 3)[1];
+    const ForwardAttrs attrs = ReadAttrs(ctx->GetAttrs());
+    if (!CheckDimRange(OP_TYPE, "block_res", "N", "completed blocks", blocks, MIN_NUM_BLOCKS, MAX_NUM_BLOCKS) ||
+        !CheckProjWeight(ctx->GetInputShape(INPUT_PROJ_WEIGHT), hidden) ||
+        !CheckTensorShape(OP_TYPE, "norm_weight", ctx->GetInputShape(INPUT_NORM_WEIGHT), "[H]", {hidden}) ||
+        !CheckAttrs(attrs, blocks)) {
+        return ge::GRAPH_FAILED;
+    }
+    attnres_ge::SetShape(ctx->GetOutputShape(OUTPUT_HIDDEN_STATES), {tokens, hidden});
+    const std::vector<int64_t> saved =
+        attrs.needBackward ? std::vector<int64_t>{tokens, attnres_ge::RowsOf(blocks)} : std::vector<int64_t>{0};
+    attnres_ge::SetShape(ctx->GetOutputShape(OUTPUT_INV_NORM), saved);  // absent optional outputs are skipped
+    attnres_ge::SetShape(ctx->GetOutputShape(OUTPUT_PROBS), saved);
+    return ge::GRAPH_SUCCESS;
+}
+
+ge::graphStatus InferDataTypeBlockAttentionResiduals(gert::InferDataTypeContext *ctx)
+{
+    if (ctx == nullptr) {
+        return ge::GRAPH_FAILED;
+    }
+    const ge::DataType dtype = ctx->GetInputDataType(INPUT_PARTIAL_BLOCK);
+    if (!attnres_ge::IsFloatDtype(dtype)) {
+        OP_LOGE(OP_TYPE, "[InferDataType] partial_block must have dtype in (float16, bfloat16, float32), got %s (%d)",
+                attnres_ge::DtypeText(dtype), static_cast<int>(dtype));
+        return ge::GRAPH_FAILED;
+    }
+    const std::pair<size_t, const char *> sameAsPartial[] = {
+        {INPUT_BLOCK_RES, "block_res"}, {INPUT_PROJ_WEIGHT, "proj_weight"}, {INPUT_NORM_WEIGHT, "norm_weight"}};
+    for (const auto &[index, name] : sameAsPartial) {
+        const ge::DataType got = ctx->GetInputDataType(index);
+        if (got != dtype) {
+            OP_LOGE(OP_TYPE, "[InferDataType] %s must have the dtype of partial_block (%s), got %s (%d)", name,
+                    attnres_ge::DtypeText(dtype), attnres_ge::DtypeText(got), static_cast<int>(got));
+            return ge::GRAPH_FAILED;
+        }
+    }
+    ctx->SetOutputDataType(OUTPUT_HIDDEN_STATES, dtype);
+    ctx->SetOutputDataType(OUTPUT_INV_NORM, ge::DT_FLOAT);
+    ctx->SetOutputDataType(OUTPUT_PROBS, ge::DT_FLOAT);
+    return ge::GRAPH_SUCCESS;
+}
+}  // namespace
+
+IMPL_OP_INFERSHAPE(BlockAttentionResiduals)
+    .InferShape(InferShapeBlockAttentionResiduals)
+    .InferDataType(InferDataTypeBlockAttentionResiduals);
+}  // namespace ops
