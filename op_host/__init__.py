@@ -1,6 +1,6 @@
 """Host side of the Block AttnRes ops: platform, TilingParse, Tiling and the launch runtime."""
 
-from .platform import ASCEND910B2, PlatformInfo, PlatformProfile, host_profile, profile_by_name
+from .platform import PlatformInfo, PlatformProfile, host_profile, profile_by_name
 from .tiling_base import (
     CHUNK_TOKENS,
     LANES,
@@ -12,7 +12,6 @@ from .tiling_base import (
 )
 
 __all__ = [
-    "ASCEND910B2",
     "CHUNK_TOKENS",
     "LANES",
     "PlatformFallbackWarning",

@@ -27,7 +27,6 @@ class PlatformProfile:
     ub_size: int  # bytes of unified buffer per vector core (host: L2 per core)
 
 
-ASCEND910B2 = PlatformProfile("Ascend910B2", vector_core_num=48, ub_size=192 * KIB)
 HOST_SOC = "host-cpu"
 HOST_DEFAULT_L2 = 512 * KIB
 
@@ -57,17 +56,24 @@ def host_profile() -> PlatformProfile:
     return PlatformProfile(HOST_SOC, vector_core_num=_usable_threads(), ub_size=_host_l2_bytes())
 
 
+# Only the host CPU: these tilings feed this package's CPU kernels. CANN's Ascend kernels read the
+# tiling of the C++ registrations (op_host/*_tiling.cpp), so no Ascend SoC gets a Python profile here.
 PROFILES: dict[str, Callable[[], PlatformProfile]] = {
-    "Ascend910B2": lambda: ASCEND910B2,
     "host": host_profile,
 }
 
 
 def profile_by_name(name: str) -> PlatformProfile:
-    try:
+    """A host profile by name; an Ascend SoC name is refused with where its tiling lives."""
+    if name in PROFILES:
         return PROFILES[name]()
-    except KeyError:
-        raise ValueError(f"unknown platform profile {name!r}; known: {sorted(PROFILES)}") from None
+    if name.lower().startswith("ascend"):
+        raise ValueError(
+            f"{name!r} is an Ascend SoC: the Python tiling serves only this package's CPU kernels. On Ascend, "
+            "CANN's kernels read the tiling of the C++ registrations (op_host/*_tiling.cpp), run on CPU by the "
+            f"`make cann-host` test tier (tests/cann) and documented in docs/ascend.md; host profiles: {sorted(PROFILES)}"
+        )
+    raise ValueError(f"unknown platform profile {name!r}; known: {sorted(PROFILES)}")
 
 
 class PlatformInfo:

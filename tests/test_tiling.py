@@ -11,7 +11,7 @@ from conftest import EVERY_HOST, host
 
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
-from attnres_ge.op_host.platform import ASCEND910B2, PlatformInfo, PlatformProfile
+from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
 from attnres_ge.op_host.tiling_base import (
     LANES,
     PlatformFallbackWarning,
@@ -20,8 +20,8 @@ from attnres_ge.op_host.tiling_base import (
     reset_fallback_warnings,
 )
 
-# A faked Ascend-like platform, as ops-transformer's golden tests use: 48 cores, 196608 bytes of UB.
-FAKE_ASCEND = PlatformProfile("fake-ascend", 48, 196608)
+# A generic test platform of the size ops-transformer's golden tests fake: 48 cores, 196608 bytes of buffer.
+GENERIC_48 = PlatformProfile("generic-48", 48, 196608)
 TINY = PlatformProfile("tiny", 3, 4096)
 
 
@@ -45,16 +45,16 @@ def backward(profile_or_platform, tokens, blocks, hidden, dtype=torch.float32, s
 
 # Golden decisions: (key, block_dim, workspace, tiling data as hex). A change here is a reviewed diff.
 GOLDEN = [
-    pytest.param(forward, FAKE_ASCEND, (4096, 8, 2048, torch.float32), id="fwd-ascend-T4096-N8-H2048-fp32"),
-    pytest.param(forward, FAKE_ASCEND, (4096, 8, 2048, torch.bfloat16), id="fwd-ascend-T4096-N8-H2048-bf16"),
-    pytest.param(forward, FAKE_ASCEND, (513, 37, 1000, torch.float16), id="fwd-ascend-T513-N37-H1000-fp16"),
-    pytest.param(backward, FAKE_ASCEND, (4096, 8, 2048, torch.float32), id="bwd-ascend-T4096-N8-H2048-fp32"),
-    pytest.param(backward, FAKE_ASCEND, (513, 37, 1000, torch.bfloat16), id="bwd-ascend-T513-N37-H1000-bf16"),
-    pytest.param(backward, FAKE_ASCEND, (0, 0, 1, torch.float32), id="bwd-ascend-T0-N0-H1-fp32"),
+    pytest.param(forward, GENERIC_48, (4096, 8, 2048, torch.float32), id="fwd-generic48-T4096-N8-H2048-fp32"),
+    pytest.param(forward, GENERIC_48, (4096, 8, 2048, torch.bfloat16), id="fwd-generic48-T4096-N8-H2048-bf16"),
+    pytest.param(forward, GENERIC_48, (513, 37, 1000, torch.float16), id="fwd-generic48-T513-N37-H1000-fp16"),
+    pytest.param(backward, GENERIC_48, (4096, 8, 2048, torch.float32), id="bwd-generic48-T4096-N8-H2048-fp32"),
+    pytest.param(backward, GENERIC_48, (513, 37, 1000, torch.bfloat16), id="bwd-generic48-T513-N37-H1000-bf16"),
+    pytest.param(backward, GENERIC_48, (0, 0, 1, torch.float32), id="bwd-generic48-T0-N0-H1-fp32"),
     pytest.param(forward, TINY, (7, 2, 100, torch.float32), id="fwd-tiny-T7-N2-H100-fp32"),
 ]
 EXPECTED = {
-    "fwd-ascend-T4096-N8-H2048-fp32": (
+    "fwd-generic48-T4096-N8-H2048-fp32": (
         10,
         48,
         0,
@@ -69,7 +69,7 @@ EXPECTED = {
             h_last_tile=2048,
         ),
     ),
-    "fwd-ascend-T4096-N8-H2048-bf16": (
+    "fwd-generic48-T4096-N8-H2048-bf16": (
         12,
         48,
         0,
@@ -84,7 +84,7 @@ EXPECTED = {
             h_last_tile=2048,
         ),
     ),
-    "fwd-ascend-T513-N37-H1000-fp16": (
+    "fwd-generic48-T513-N37-H1000-fp16": (
         21,
         48,
         0,
@@ -99,7 +99,7 @@ EXPECTED = {
             h_last_tile=184,
         ),
     ),
-    "bwd-ascend-T4096-N8-H2048-fp32": (
+    "bwd-generic48-T4096-N8-H2048-fp32": (
         20,
         48,
         64 * 2048 * 4,
@@ -115,7 +115,7 @@ EXPECTED = {
             h_last_tile=480,
         ),
     ),
-    "bwd-ascend-T513-N37-H1000-bf16": (
+    "bwd-generic48-T513-N37-H1000-bf16": (
         22,
         9,
         9 * 1000 * 4,
@@ -131,7 +131,7 @@ EXPECTED = {
             h_last_tile=392,
         ),
     ),
-    "bwd-ascend-T0-N0-H1-fp32": (
+    "bwd-generic48-T0-N0-H1-fp32": (
         10,
         1,
         0,
@@ -174,7 +174,7 @@ def test_golden_tiling(request, tile, profile, shape):
 
 
 def test_tiling_record_binary_layout_is_stable():
-    result = forward(FAKE_ASCEND, 4096, 8, 2048)
+    result = forward(GENERIC_48, 4096, 8, 2048)
     data = result.data.to_bytes()
     assert len(data) == 13 * 8 + 4  # thirteen int64 fields and the float32 epsilon
     assert forward_tiling.ForwardTilingData.from_bytes(data) == dataclasses.replace(
@@ -182,7 +182,7 @@ def test_tiling_record_binary_layout_is_stable():
     )
     assert data[:8] == (4096).to_bytes(8, "little")
     assert data.hex().endswith("bd378635")  # 1e-6 as float32, little-endian
-    grad = backward(FAKE_ASCEND, 4096, 8, 2048).data
+    grad = backward(GENERIC_48, 4096, 8, 2048).data
     assert grad_tiling.BackwardTilingData.from_bytes(grad.to_bytes()) == grad
 
 
@@ -194,7 +194,7 @@ def data_eps(data: bytes) -> float:
 
 @pytest.mark.parametrize("tile", [forward, backward], ids=["forward", "backward"])
 def test_split_variant_when_one_token_does_not_fit(tile):
-    result = tile(FAKE_ASCEND, 10, 16, 8192)
+    result = tile(GENERIC_48, 10, 16, 8192)
     data = result.data
     assert result.tiling_key // 10 == 2 and data.h_tile_num > 1
     assert data.h_tile % LANES == 0 and (data.h_tile_num - 1) * data.h_tile + data.h_last_tile == 8192
@@ -217,7 +217,7 @@ def test_tiling_parse_needs_a_platform_handle():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_empty_at_parse_filled_at_tiling(tile, dtype):
     """TilingParse on an empty handle succeeds; the runtime fills it before Tiling; no fallback."""
-    platform = PlatformInfo.empty(FAKE_ASCEND, runtime_answers=False)
+    platform = PlatformInfo.empty(GENERIC_48, runtime_answers=False)
     parse = forward_tiling.parse if tile is forward else grad_tiling.parse
     info = parse(platform)
     assert platform.core_num() == 0
@@ -230,7 +230,7 @@ def test_empty_at_parse_filled_at_tiling(tile, dtype):
 
 
 def test_empty_handle_is_requeried_at_tiling():
-    platform = PlatformInfo.empty(FAKE_ASCEND, runtime_answers=True)
+    platform = PlatformInfo.empty(GENERIC_48, runtime_answers=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         result = backward(platform, 4096, 8, 2048)
@@ -242,12 +242,12 @@ def test_empty_at_both_falls_back_to_one_core_with_one_warning(tile):
     reset_fallback_warnings()
     op = "BlockAttentionResiduals " if tile is forward else "BlockAttentionResidualsGrad "
     with pytest.warns(PlatformFallbackWarning) as record:
-        first = tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256)
-        second = tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256)
+        first = tile(PlatformInfo.empty(GENERIC_48, runtime_answers=False), 300, 4, 256)
+        second = tile(PlatformInfo.empty(GENERIC_48, runtime_answers=False), 300, 4, 256)
     assert len(record) == 1, "the fallback warning is given once per op"
     message = str(record[0].message)
     assert message.startswith(
-        op + "Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; after a re-query "
+        op + "Tiling: platform generic-48 reported coreNum=0, ubSize=0; after a re-query "
         "coreNum=0, ubSize=0; falling back to coreNum=1"
     )
     assert first.block_dim == second.block_dim == 1
@@ -257,12 +257,12 @@ def test_empty_at_both_falls_back_to_one_core_with_one_warning(tile):
 def test_strict_mode_raises_with_context(tile, monkeypatch):
     with pytest.raises(
         PlatformNotReadyError,
-        match=r"Tiling: platform Ascend910B2 reported coreNum=0, ubSize=0; "
+        match=r"Tiling: platform generic-48 reported coreNum=0, ubSize=0; "
         r"after a re-query coreNum=0, ubSize=0; strict mode",
     ):
-        tile(PlatformInfo.empty(ASCEND910B2, runtime_answers=False), 300, 4, 256, strict=True)
+        tile(PlatformInfo.empty(GENERIC_48, runtime_answers=False), 300, 4, 256, strict=True)
     monkeypatch.setenv("ATTNRES_GE_STRICT_PLATFORM", "1")
-    platform = PlatformInfo.empty(ASCEND910B2, runtime_answers=False)
+    platform = PlatformInfo.empty(GENERIC_48, runtime_answers=False)
     info = (forward_tiling.parse if tile is forward else grad_tiling.parse)(platform)
     with pytest.raises(PlatformNotReadyError):
         if tile is forward:
@@ -308,10 +308,10 @@ class RecordingPlatform(PlatformInfo):
 
 @pytest.mark.parametrize("parse", [forward_tiling.parse, grad_tiling.parse], ids=["forward", "backward"])
 def test_tiling_parse_never_reads_the_core_count(parse):
-    platform = RecordingPlatform(FAKE_ASCEND, filled=False)
+    platform = RecordingPlatform(GENERIC_48, filled=False)
     parse(platform)
     assert platform.reads == []
-    filled = RecordingPlatform(FAKE_ASCEND)
+    filled = RecordingPlatform(GENERIC_48)
     info = parse(filled)
     assert filled.reads == []
     tile = forward_tiling.tiling if parse is forward_tiling.parse else None
@@ -335,7 +335,7 @@ GOLDEN_BYTES = {
 @pytest.mark.parametrize("op", ["forward", "backward"])
 def test_golden_tiling_bytes(op):
     tile = forward if op == "forward" else backward
-    assert tile(FAKE_ASCEND, 4096, 8, 2048).data.to_bytes().hex() == GOLDEN_BYTES[op]
+    assert tile(GENERIC_48, 4096, 8, 2048).data.to_bytes().hex() == GOLDEN_BYTES[op]
 
 
 # --- the host CPU's decisions, on every host the suite simulates -----------------------
