@@ -16,6 +16,9 @@ from .op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, rows
 OP_TYPE = "BlockAttentionResiduals"
 MIN_BLOCKS, MAX_BLOCKS = 1, 100
 FLOAT32_ONLY = (torch.float32,)
+# The order of CANN's OpDef for this op (hicann/ops-transformer block_attention_residuals_def.cpp);
+# it fixes the dtype columns of the msopgen JSON and the OpDef.
+OPDEF_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def infer_data_type(inputs, attrs, where):
@@ -52,16 +55,16 @@ PROTOTYPE = OpPrototype(
     op_type=OP_TYPE,
     summary="Block attention residuals: softmax over depth of N completed blocks and the partial block.",
     inputs=(
-        TensorArg("partial_block", FLOAT_DTYPES, "[T, H]"),
-        TensorArg("block_res", FLOAT_DTYPES, "[T, N, H]"),
-        TensorArg("proj_weight", FLOAT_DTYPES, "[1, H] or [H]"),
-        TensorArg("norm_weight", FLOAT_DTYPES, "[H]"),
+        TensorArg("partial_block", OPDEF_DTYPES, "[T, H]"),
+        TensorArg("block_res", OPDEF_DTYPES, "[T, N, H]"),
+        TensorArg("proj_weight", OPDEF_DTYPES, "[1, H] or [H]"),
+        TensorArg("norm_weight", OPDEF_DTYPES, "[H]"),
     ),
     outputs=(
-        TensorArg("hidden_states", FLOAT_DTYPES, "[T, H]"),
-        # Filled only when need_backward is true; otherwise empty ([0]).
-        TensorArg("inv_norm", FLOAT32_ONLY, "[T, N+1] or [0]"),
-        TensorArg("probs", FLOAT32_ONLY, "[T, N+1] or [0]"),
+        TensorArg("hidden_states", OPDEF_DTYPES, "[T, H]"),
+        # Optional, as CANN's OpDef declares them: filled only when need_backward is true; otherwise empty ([0]).
+        TensorArg("inv_norm", FLOAT32_ONLY, "[T, N+1] or [0]", presence="optional"),
+        TensorArg("probs", FLOAT32_ONLY, "[T, N+1] or [0]", presence="optional"),
     ),
     attrs=(
         AttrArg("valid_block_num", "Int", -1),

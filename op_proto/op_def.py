@@ -159,6 +159,25 @@ class OpPrototype:
     def input_names(self) -> list[str]:
         return [arg.name for arg in self.inputs]
 
+    def dtype_columns(self) -> dict[str, tuple[torch.dtype, ...]]:
+        """Each tensor's dtype in every supported combination, the way an OpDef lists them.
+
+        Column j across all tensors is one combination GE may select. A tensor declaring the op's
+        full dtype list follows the op's dtype (every such list is in the same order); a tensor
+        declaring one dtype keeps it in every column.
+        """
+        tensors = (*self.inputs, *self.outputs)
+        width = max(len(arg.dtypes) for arg in tensors)
+        full = {arg.dtypes for arg in tensors if len(arg.dtypes) == width}
+        if len(full) != 1:
+            raise ValueError(f"{self.op_type}: tensors that follow the op's dtype list it in different orders: {full}")
+        columns = {}
+        for arg in tensors:
+            if len(arg.dtypes) not in (1, width):
+                raise ValueError(f"{self.op_type}: {arg.name} declares {len(arg.dtypes)} dtypes; expected 1 or {width}")
+            columns[arg.name] = arg.dtypes if len(arg.dtypes) == width else arg.dtypes * width
+        return columns
+
     def output_names(self) -> list[str]:
         return [arg.name for arg in self.outputs]
 

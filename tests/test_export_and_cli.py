@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -11,14 +12,19 @@ import pytest
 import torch
 
 from attnres_ge.cli import main
-from attnres_ge.op_proto import PROTOTYPES
-from attnres_ge.op_proto.export import GE_DTYPES, MSOPGEN_DTYPES, export_prototypes
+from attnres_ge.op_host import platform
+from attnres_ge.op_host.platform import PlatformProfile
+from attnres_ge.op_proto import FLOAT_DTYPES, PROTOTYPES
+from attnres_ge.op_proto.export import GE_DTYPES, JSON_NAME, MSOPGEN_DTYPES, export_prototypes, proto_header_name
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    header, op_json = export_prototypes(tmp_path_factory.mktemp("proto"))
-    return header.read_text(), json.loads(op_json.read_text())
+    """({op type: its REG_OP header text}, the msopgen JSON)."""
+    *headers, op_json = export_prototypes(tmp_path_factory.mktemp("proto"))
+    by_op = {op_type: path.read_text() for op_type in PROTOTYPES for path in headers
+             if path.name == proto_header_name(op_type)}
+    return by_op, json.loads(op_json.read_text())
 
 
 def reg_op_block(header: str, op_type: str) -> list[str]:
@@ -31,6 +37,7 @@ def reg_op_block(header: str, op_type: str) -> list[str]:
 def test_reg_op_lists_every_declared_input_output_and_attr_in_order(exported, op_type):
     proto = PROTOTYPES[op_type]
     expected = []
+    # REG_OP has no optional output: the forward's optional inv_norm/probs are OUTPUTs there.
     for macro, args in (("INPUT", proto.inputs), ("OUTPUT", proto.outputs)):
         for arg in args:
             types = ", ".join(GE_DTYPES[d] for d in arg.dtypes)
@@ -38,7 +45,14 @@ def test_reg_op_lists_every_declared_input_output_and_attr_in_order(exported, op
     defaults = {"valid_block_num": {"BlockAttentionResiduals": "-1", "BlockAttentionResidualsGrad": "0"}[op_type],
                 "norm_eps": "1e-06", "need_backward": "false"}
     expected += [f".ATTR({attr.name}, {attr.kind}, {defaults[attr.name]})" for attr in proto.attrs]
-    assert reg_op_block(exported[0], op_type) == expected
+    assert reg_op_block(exported[0][op_type], op_type) == expected
+
+
+@pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
+def test_each_header_holds_exactly_its_op(exported, op_type):
+    header = exported[0][op_type]
+    assert re.findall(r"REG_OP\((\w+)\)", header) == [op_type]
+    assert header.count("#include") == 1 and '#include "graph/operator_reg.h"' in header
 
 
 @pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
@@ -49,8 +63,9 @@ def test_msopgen_json_matches_the_declaration(exported, op_type):
         assert [d["name"] for d in entry[key]] == [a.name for a in args]
         for desc, arg in zip(entry[key], args, strict=True):
             assert desc["param_type"] == arg.presence
-            assert desc["type"] == [MSOPGEN_DTYPES[d] for d in arg.dtypes]
-            assert desc["format"] == ["ND"] * len(arg.dtypes)
+            assert set(desc["type"]) == {MSOPGEN_DTYPES[d] for d in arg.dtypes}
+            assert desc["format"] == ["ND"] * 3, "every tensor lists one format per dtype column"
+            assert len(desc["type"]) == 3, "every tensor lists one dtype per column"
     assert [(a["name"], a["type"], a["param_type"]) for a in entry["attr"]] == [
         (a.name, a.kind.lower(), "optional") for a in proto.attrs
     ]
@@ -63,6 +78,30 @@ def test_forward_declaration_follows_spec():
     assert [(a.name, a.kind, a.default) for a in proto.attrs] == [
         ("valid_block_num", "Int", -1), ("norm_eps", "Float", 1e-6), ("need_backward", "Bool", False)]
     assert proto.outputs[1].dtypes == proto.outputs[2].dtypes == (torch.float32,)
+    assert [arg.presence for arg in proto.outputs] == ["required", "optional", "optional"]
+
+
+@pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
+def test_msopgen_columns_pair_each_dtype_combination(exported, op_type):
+    """Column j of every tensor is one combination: the op's dtype, with the statistics in float32."""
+    (entry,) = [op for op in exported[1] if op["op"] == op_type]
+    descs = entry["input_desc"] + entry["output_desc"]
+    combinations = list(zip(*(d["type"] for d in descs), strict=True))
+    statistics = {"inv_norm", "probs"}
+    follows = [i for i, d in enumerate(descs) if d["name"] not in statistics]
+    fixed = [i for i, d in enumerate(descs) if d["name"] in statistics]
+    assert sorted(c[follows[0]] for c in combinations) == ["bfloat16", "float", "float16"]
+    for combination in combinations:
+        assert {combination[i] for i in follows} == {combination[follows[0]]}
+        assert {combination[i] for i in fixed} == {"float"}
+
+
+def test_dtype_columns_refuse_a_tensor_with_a_partial_dtype_list():
+    proto = PROTOTYPES["BlockAttentionResidualsGrad"]
+    broken = dataclasses.replace(proto, inputs=(dataclasses.replace(proto.inputs[0], dtypes=FLOAT_DTYPES[:2]),
+                                                *proto.inputs[1:]))
+    with pytest.raises(ValueError, match="partial_block declares 2 dtypes; expected 1 or 3"):
+        broken.dtype_columns()
 
 
 def test_backward_declaration_follows_spec():
@@ -75,23 +114,34 @@ def test_backward_declaration_follows_spec():
 
 def test_cli_export_proto(tmp_path, capsys):
     assert main(["export-proto", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["block_attention_residuals.json",
+    assert sorted(p.name for p in tmp_path.iterdir()) == [JSON_NAME, "block_attention_residuals_grad_proto.h",
                                                           "block_attention_residuals_proto.h"]
     assert "wrote" in capsys.readouterr().out
 
 
-def test_cli_tiling_prints_the_decision(capsys):
-    assert main(["tiling", "--op", "backward", "--soc", "Ascend910B2", "--shape", "4096,8,2048", "--cold"]) == 0
+def test_cli_tiling_prints_the_decision(capsys, monkeypatch):
+    # The CLI tiles for the host profile; pinning that profile to a generic 48-core platform keeps the expectation
+    # independent of this machine.
+    monkeypatch.setitem(platform.PROFILES, "host", lambda: PlatformProfile("generic-48", 48, 196608))
+    assert main(["tiling", "--op", "backward", "--shape", "4096,8,2048", "--cold"]) == 0
     out = capsys.readouterr().out
     assert "BlockAttentionResidualsGrad" in out and "block_dim      48" in out
     assert "workspace_size 524288 bytes" in out and "re-queried at Tiling" in out
 
 
 def test_cli_tiling_reports_bad_arguments(capsys):
-    assert main(["tiling", "--op", "forward", "--soc", "Ascend999", "--shape", "1,1,1"]) == 2
-    assert "unknown platform profile 'Ascend999'" in capsys.readouterr().err
+    assert main(["tiling", "--op", "forward", "--soc", "tpu9", "--shape", "1,1,1"]) == 2
+    assert "unknown platform profile 'tpu9'; known: ['host']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tiling", "--op", "forward", "--shape", "1,1"])
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B2", "ascend910_93"])
+def test_cli_tiling_sends_ascend_socs_to_the_cpp_registrations(capsys, soc):
+    assert main(["tiling", "--op", "backward", "--soc", soc, "--shape", "4096,8,2048"]) == 2
+    err = capsys.readouterr().err
+    assert f"{soc!r} is an Ascend SoC" in err
+    assert "C++ registrations (op_host/*_tiling.cpp)" in err and "make cann-host" in err
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
-"""The exported REG_OP header and msopgen JSON describe exactly the nodes torchair built with our converters.
+"""The exported REG_OP headers and msopgen JSON describe exactly the nodes torchair built with our converters.
 
-CANN compiles the header (graph/operator_reg.h) into the op's IR, and msopgen turns the JSON
+CANN compiles the headers (graph/operator_reg.h) into the op's IR, and msopgen turns the JSON
 into an op project; GE then checks every node torchair sends against that IR. So each name,
 order, attribute kind and dtype of the captured node must appear in both files as is.
 """
@@ -17,7 +17,7 @@ from interop_helpers import DTYPE_IDS, attr_kinds, compile_and_capture, make_inp
 from torchair._ge_concrete_graph.ge_ir_pb2 import DataType as ProtoDataType
 
 from attnres_ge.op_proto import BACKWARD, FORWARD
-from attnres_ge.op_proto.export import HEADER_NAME, JSON_NAME, export_prototypes
+from attnres_ge.op_proto.export import export_prototypes
 
 T, N, H = 4, 2, 8
 MSOPGEN_DTYPES = {"DT_FLOAT": "float", "DT_FLOAT16": "float16", "DT_BF16": "bfloat16"}
@@ -67,9 +67,11 @@ def seen_by_torchair(op) -> dict:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    paths = export_prototypes(tmp_path_factory.mktemp("proto"))
-    texts = {path.name: path.read_text() for path in paths}
-    return {"REG_OP header": parse_reg_ops(texts[HEADER_NAME]), "msopgen JSON": parse_msopgen(texts[JSON_NAME])}
+    *headers, op_json = export_prototypes(tmp_path_factory.mktemp("proto"))
+    reg_ops = {}
+    for header in headers:  # one <op>_proto.h per op
+        reg_ops.update(parse_reg_ops(header.read_text()))
+    return {"REG_OP header": reg_ops, "msopgen JSON": parse_msopgen(op_json.read_text())}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(d, id=name) for d, name in DTYPE_IDS.items()])

@@ -198,7 +198,8 @@ def get_registered_ir_def(op_type: str):
     if proto is None:
         return STATUS_NOT_REGISTERED, [], [], []
     inputs = [(arg.name, arg.presence) for arg in proto.inputs]
-    outputs = [(arg.name, arg.presence) for arg in proto.outputs]
+    # GE's IR comes from REG_OP, which has no optional output: an OpDef's optional output reads "required".
+    outputs = [(arg.name, "dynamic" if arg.presence == "dynamic" else "required") for arg in proto.outputs]
     attrs = [(attr.name, VALUE_TYPES[attr.kind]) for attr in proto.attrs]
     return STATUS_OK, inputs, outputs, attrs
 
