@@ -71,7 +71,8 @@ def profile_by_name(name: str) -> PlatformProfile:
         raise ValueError(
             f"{name!r} is an Ascend SoC: the Python tiling serves only this package's CPU kernels. On Ascend, "
             "CANN's kernels read the tiling of the C++ registrations (op_host/*_tiling.cpp), run on CPU by the "
-            f"`make cann-host` test tier (tests/cann) and documented in docs/ascend.md; host profiles: {sorted(PROFILES)}"
+            "`make cann-host` test tier (tests/cann) and documented in docs/ascend.md; "
+            f"host profiles: {sorted(PROFILES)}"
         )
     raise ValueError(f"unknown platform profile {name!r}; known: {sorted(PROFILES)}")
 
