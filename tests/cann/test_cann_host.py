@@ -411,16 +411,11 @@ def registry_declaration(line):
 def test_opdef_equals_the_python_declaration(drivers, op, count):
     line = opdefs(drivers, "ours")[op]
     registry, python = registry_declaration(line), python_declaration(op)
-    if registry != python:
-        differing = [name for name, a, b in zip(("inputs", "outputs", "attrs"), registry, python) if a != b]
-        details = "; ".join(
-            f"{name}: OpDef {a} vs Python {b}"
-            for name, ours, theirs in zip(("inputs", "outputs", "attrs"), registry, python)
-            for a, b in zip(ours, theirs)
-            if a != b
-        )
-        pytest.xfail(
-            f"{op}: the Python declaration differs from the OpDef (upstream's) in {differing}: {details} "
-            "(the Python side is being aligned to upstream)"
-        )
+    differences = [
+        f"{name}: OpDef {a} vs Python {b}"
+        for name, ours, theirs in zip(("inputs", "outputs", "attrs"), registry, python)
+        for a, b in zip(ours, theirs)  # noqa: B905 (lengths differ only when the assert fails)
+        if a != b
+    ]
+    assert registry == python, f"{op}: the Python declaration differs from the OpDef: {'; '.join(differences)}"
     count(f"OpDef {op}: equal to the Python declaration", 1)
