@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import make_inputs
@@ -42,12 +44,34 @@ def test_a_tensor_saved_by_autograd_keeps_its_mapping():
     assert torch.all(leaf.grad == 1.0)
 
 
-def test_idle_mappings_beyond_the_cap_are_unmapped():
+def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
     pool = HugePagePool(max_idle_bytes=HUGE_PAGE * 4)
-    tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]
+    tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]  # 4 huge pages each
+    assert pool.in_use_bytes() == 3 * 4 * HUGE_PAGE and pool.idle_bytes() == 0
     del tensors
-    pool.empty((16, 1024, 1024), torch.float32)  # a new size: trims the idle ones beyond the cap
-    assert len(pool._mappings) <= 2
+    assert pool.in_use_bytes() == 0 and pool.idle_bytes() == 4 * HUGE_PAGE, "one kept for reuse, two unmapped"
+
+
+def test_the_idle_cap_holds_after_a_threaded_burst():
+    cap = 24 * HUGE_PAGE
+    pool = HugePagePool(max_idle_bytes=cap)
+    start = threading.Barrier(6)
+
+    def burst(worker):
+        start.wait()
+        for round_ in range(12):
+            sizes = [(4 + (worker + round_ + step) % 5) * HUGE_PAGE for step in range(3)]  # untouched: no memory
+            held = [pool.empty((size // 4,), torch.float32) for size in sizes]
+            assert all(tensor.numel() * 4 == size for tensor, size in zip(held, sizes, strict=True))
+
+    threads = [threading.Thread(target=burst, args=(worker,)) for worker in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert pool.mapped > cap // (8 * HUGE_PAGE), "the burst mapped more than the cap holds"
+    assert pool.in_use_bytes() == 0
+    assert 0 < pool.idle_bytes() <= cap, f"{pool.idle_bytes() >> 20} MiB idle after the burst, cap {cap >> 20} MiB"
 
 
 def test_eager_outputs_come_from_the_pool_and_stay_correct(monkeypatch):
