@@ -40,7 +40,7 @@ def infer_shape(inputs, attrs, where):
     else:
         check.shape("proj_weight", proj, ("1", "H"), (1, hidden))
     check.shape("norm_weight", inputs["norm_weight"], ("H",), (hidden,))
-    check.finite_positive("norm_eps", attrs["norm_eps"])
+    check.positive_float32("norm_eps", attrs["norm_eps"])
     valid = attrs["valid_block_num"]
     if valid != -1 and valid != blocks:
         check.fail(f"attribute valid_block_num is reserved and must be -1 or N = {blocks}, got {valid}")

@@ -206,6 +206,33 @@ BAD_CALLS = [
 ]
 
 
+@pytest.mark.parametrize("norm_eps", [1e-6, 1e-45, 1e-46, 1e-50, 1e-300, 3.4e38, 3.5e38, 1e300])
+def test_graph_mode_accepts_and_rejects_norm_eps_exactly_as_eager(norm_eps):
+    """norm_eps as the float32 GE stores: an eps that rounds to 0 or overflows is rejected everywhere, naming it."""
+    partial, block_res = make_inputs()
+    partial[0].zero_()
+    block_res[0].zero_()  # an all-zero row: only norm_eps keeps its statistics finite
+    layer = make_layer()
+    args = (partial, block_res, layer.proj_weight.detach(), layer.norm_weight.detach())
+
+    def fn(p, b, w, n):
+        return torch.ops.attnres.block_attention_residuals(p, b, w, n, -1, norm_eps, True)
+
+    outcomes = []
+    for call in (fn, torch.compile(fn, backend="attnres_ge")):
+        try:
+            outcomes.append(call(*args))
+        except Exception as error:  # noqa: BLE001 - the kind of error is what is compared
+            assert "attribute norm_eps must be finite and > 0 as a float32" in str(error), repr(error)
+            outcomes.append(None)
+        torch._dynamo.reset()
+    eager, graph = outcomes
+    assert (eager is None) == (graph is None), f"eager {'rejects' if eager is None else 'accepts'} {norm_eps}, graph not"
+    if eager is not None:
+        assert all(torch.isfinite(t).all() for t in eager), "an accepted eps keeps a zero row finite"
+        assert all(torch.equal(a, b) for a, b in zip(eager, graph, strict=True))
+
+
 @pytest.mark.parametrize(("mangle", "attrs", "message"), BAD_CALLS)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_bad_inputs_fail_during_compile(kernels_must_not_run, mangle, attrs, message, dynamic):

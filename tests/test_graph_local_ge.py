@@ -150,6 +150,9 @@ FORWARD_RULES = [
     pytest.param(forward_specs(), {"norm_eps": -1e-6}, "norm_eps must be finite and > 0", id="eps-negative"),
     pytest.param(forward_specs(), {"norm_eps": math.inf}, "norm_eps must be finite and > 0", id="eps-inf"),
     pytest.param(forward_specs(), {"norm_eps": math.nan}, "norm_eps must be finite and > 0", id="eps-nan"),
+    pytest.param(forward_specs(), {"norm_eps": 1e-50}, r"norm_eps must be finite and > 0 as a float32", id="eps-1e-50"),
+    pytest.param(forward_specs(), {"norm_eps": 3.5e38}, r"norm_eps must be finite and > 0 as a float32",
+                 id="eps-3.5e38"),
     pytest.param(forward_specs(), {"valid_block_num": 2}, "valid_block_num is reserved and must be -1 or N = 3",
                  id="valid-block-num"),
 ]

@@ -14,6 +14,7 @@ from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, AttnResInputError
 forward_op = torch.ops.attnres.block_attention_residuals
 backward_op = torch.ops.attnres.block_attention_residuals_backward
 T, N, H = 6, 3, 8
+EPS_RULE = "attribute norm_eps must be finite and > 0 as a float32 (how GE stores it)"
 
 
 def forward_args(**changes):
@@ -105,10 +106,13 @@ FORWARD_CASES = [
         ),
         "partial_block must have H >= 1 (hidden size), got H = 0",
     ),
-    ("eps-zero", dict(norm_eps=0.0), "attribute norm_eps must be finite and > 0, got 0.0"),
-    ("eps-negative", dict(norm_eps=-1e-6), "attribute norm_eps must be finite and > 0, got -1e-06"),
-    ("eps-inf", dict(norm_eps=math.inf), "attribute norm_eps must be finite and > 0, got inf"),
-    ("eps-nan", dict(norm_eps=math.nan), "attribute norm_eps must be finite and > 0, got nan"),
+    ("eps-zero", dict(norm_eps=0.0), f"{EPS_RULE}, got 0.0"),
+    ("eps-negative", dict(norm_eps=-1e-6), f"{EPS_RULE}, got -1e-06"),
+    ("eps-inf", dict(norm_eps=math.inf), f"{EPS_RULE}, got inf"),
+    ("eps-nan", dict(norm_eps=math.nan), f"{EPS_RULE}, got nan"),
+    ("eps-underflows-float32", dict(norm_eps=1e-46), f"{EPS_RULE}, got 1e-46 (0.0 as float32)"),
+    ("eps-far-below-float32", dict(norm_eps=1e-300), f"{EPS_RULE}, got 1e-300 (0.0 as float32)"),
+    ("eps-overflows-float32", dict(norm_eps=3.5e38), f"{EPS_RULE}, got 3.5e+38 (inf as float32)"),
     (
         "valid-block-num",
         dict(valid_block_num=2),
