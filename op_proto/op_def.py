@@ -172,9 +172,20 @@ class OpPrototype:
     def output_names(self) -> list[str]:
         return [arg.name for arg in self.outputs]
 
-    def input_metas(self, tensors: Sequence[torch.Tensor]) -> dict[str, TensorMeta]:
-        """The TensorMeta of each input tensor, by prototype input name."""
+    def input_metas(self, tensors: Sequence[torch.Tensor], where: str = WHERE_PROTOTYPE) -> dict[str, TensorMeta]:
+        """The TensorMeta of each input tensor, by prototype input name (after check_tensors)."""
+        self.check_tensors(tensors, where)
         return {arg.name: TensorMeta.of(tensor) for arg, tensor in zip(self.inputs, tensors, strict=True)}
+
+    def check_tensors(self, tensors: Sequence, where: str) -> None:
+        """One tensor per prototype input; None or another object where a tensor belongs is named."""
+        checker = Checker(self.op_type, where)
+        if len(tensors) != len(self.inputs):
+            checker.fail(f"takes {len(self.inputs)} tensors ({', '.join(self.input_names())}), got {len(tensors)}")
+        for arg, value in zip(self.inputs, tensors, strict=True):
+            if not isinstance(value, torch.Tensor):
+                got = "None" if value is None else f"{type(value).__name__} {value!r:.60}"
+                checker.fail(f"{arg.name} must be a tensor {arg.layout}, got {got}")
 
     def bind_attrs(self, given: Mapping[str, Any], where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
         """Attributes by name with defaults filled in; unknown or mistyped ones are rejected."""

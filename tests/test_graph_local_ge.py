@@ -273,6 +273,17 @@ def allocations(compiled, runner: str) -> int:
     return compiled.node.allocations() if runner == "cpp-node" else compiled.ops[0].buffers.allocations
 
 
+@pytest.mark.parametrize(("bad", "named"), [(None, "None"), (1.5, "float")], ids=["none", "float"])
+def test_a_graph_input_that_is_not_a_tensor_is_named(runner, bad, named):
+    compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    inputs = forward_inputs()
+    compiled(*inputs)  # planned: a C++ node has the signature cached
+    inputs[1] = bad
+    with pytest.raises(GraphRunError, match=r"input 1 \(node 'input1'\) must be a torch.float32 tensor \[6, 3, 16\], "
+                                            rf"got {named}"):
+        compiled(*inputs)
+
+
 def test_buffers_are_reused_only_when_nobody_holds_them(runner):
     compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
     inputs, other = forward_inputs(seed=0), forward_inputs(seed=1)

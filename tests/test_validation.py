@@ -113,6 +113,11 @@ FORWARD_CASES = [
     ("eps-underflows-float32", dict(norm_eps=1e-46), f"{EPS_RULE}, got 1e-46 (0.0 as float32)"),
     ("eps-far-below-float32", dict(norm_eps=1e-300), f"{EPS_RULE}, got 1e-300 (0.0 as float32)"),
     ("eps-overflows-float32", dict(norm_eps=3.5e38), f"{EPS_RULE}, got 3.5e+38 (inf as float32)"),
+    *[
+        (f"{name}-none", {name: None}, f"{name} must be a tensor {layout}, got None")
+        for name, layout in [("partial_block", "[T, H]"), ("block_res", "[T, N, H]"),
+                             ("proj_weight", "[1, H] or [H]"), ("norm_weight", "[H]")]
+    ],
     (
         "valid-block-num",
         dict(valid_block_num=2),
@@ -127,6 +132,11 @@ FORWARD_CASES = [
 ]
 
 BACKWARD_CASES = [
+    *[
+        (f"{name}-none", {name: None}, f"{name} must be a tensor")
+        for name in ("partial_block", "block_res", "proj_weight", "norm_weight", "grad_hidden_states", "inv_norm",
+                     "probs")
+    ],
     (
         "float64-inputs",
         dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
@@ -215,6 +225,14 @@ def test_forward_rejects_under_torch_compile(changes, message):
 def test_backward_rejects_under_torch_compile(changes, message):
     compiled = torch.compile(call_backward, backend="eager", fullgraph=True)
     expect_error(compiled, backward_args(**changes), message, WHERE_FAKE, COMPILE_ERRORS)
+
+
+@pytest.mark.parametrize("call", [call_forward, call_backward])
+@pytest.mark.parametrize("bad", [[[1.0] * H] * T, 2.0, "x"], ids=["list", "float", "str"])
+def test_a_non_tensor_where_a_tensor_belongs_is_named(call, bad):
+    args = (forward_args if call is call_forward else backward_args)(block_res=bad)
+    with pytest.raises(RuntimeError, match=r"for argument 'block_res'"):  # torch's schema check, before ours
+        call(args)
 
 
 def test_attribute_of_wrong_type_is_rejected():

@@ -183,10 +183,17 @@ std::shared_ptr<const Launch> cached_eager_launch(const Key& key) {
   return found == entry.eager_launches.end() ? nullptr : found->second;
 }
 
+bool all_defined(const std::vector<at::Tensor>& tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& tensor) { return tensor.defined(); });
+}
+
 // One eager call: the cached launch with fresh outputs, or the Python entry (whose launch is then cached).
-std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs, const Key& key,
-                                   const std::function<py::dict()>& attrs) {
-  if (auto launch = cached_eager_launch(key)) {
+// A None input (an undefined tensor) has no signature: Python's validation names it.
+std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs,
+                                   const std::function<Key()>& signature_of, const std::function<py::dict()>& attrs) {
+  const bool cacheable = all_defined(inputs);
+  const Key key = cacheable ? signature_of() : Key{};
+  if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
     std::vector<at::Tensor> outputs;
     for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
     const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
@@ -195,7 +202,7 @@ std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs
   }
   py::gil_scoped_acquire gil;
   auto answer = state().first_call(op, inputs, attrs()).cast<py::tuple>();  // Python errors propagate as they are
-  if (auto launch = launch_from(op, answer[1])) {
+  if (auto launch = cacheable ? launch_from(op, answer[1]) : nullptr) {
     EntryState& entry = state();
     std::lock_guard<std::mutex> lock(entry.mutex);
     if (entry.eager_launches.size() >= kMaxEagerSignatures) entry.eager_launches.clear();
@@ -208,8 +215,9 @@ ForwardResult forward_cpu(const at::Tensor& partial_block, const at::Tensor& blo
                           const at::Tensor& norm_weight, int64_t valid_block_num, double norm_eps,
                           bool need_backward) {
   const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight};
-  auto outputs = eager_call(kForwardOp, inputs,
-                            signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}), [&] {
+  auto outputs = eager_call(
+      kForwardOp, inputs,
+      [&] { return signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}); }, [&] {
                               py::dict attrs;
                               attrs["valid_block_num"] = valid_block_num;
                               attrs["norm_eps"] = norm_eps;
@@ -225,7 +233,8 @@ BackwardResult backward_cpu(const at::Tensor& partial_block, const at::Tensor& b
                             int64_t valid_block_num) {
   const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight,
                                        grad_hidden_states, inv_norm, probs};
-  auto outputs = eager_call(kBackwardOp, inputs, signature(kBackwardOp, inputs, {valid_block_num}), [&] {
+  auto outputs = eager_call(
+      kBackwardOp, inputs, [&] { return signature(kBackwardOp, inputs, {valid_block_num}); }, [&] {
     py::dict attrs;
     attrs["valid_block_num"] = valid_block_num;
     return attrs;
@@ -291,6 +300,12 @@ struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
 ForwardResult forward_autograd(const at::Tensor& partial_block, const at::Tensor& block_res,
                                const at::Tensor& proj_weight, const at::Tensor& norm_weight, int64_t valid_block_num,
                                double norm_eps, bool need_backward) {
+  if (!all_defined({partial_block, block_res, proj_weight, norm_weight})) {
+    // A None input: nothing to differentiate; the CPU entry's validation names it.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(partial_block, block_res, proj_weight, norm_weight, valid_block_num, norm_eps,
+                             need_backward);
+  }
   variable_list outputs = ForwardFunction::apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num,
                                                  norm_eps, need_backward);
   return {outputs[0], outputs[1], outputs[2]};
