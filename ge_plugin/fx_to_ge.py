@@ -5,8 +5,9 @@
 Each Data takes its dtype and shape from the FakeTensor torch traced for that argument;
 symbolic dims (torch.compile's dynamic shapes) become -1. The converter receives the node's
 arguments with tensors replaced by graph tensors and numbers computed in the graph (an
-attribute taken from a shape) by their traced values, specialised under a guard, plus `meta_outputs` (the traced outputs),
-and the traced outputs are recorded on the node's output descs for the local GE to check.
+attribute taken from a shape) by their traced values, specialised under a guard, plus
+`meta_outputs` (the traced outputs), and the traced outputs are recorded on the node's output
+descs for the local GE to check.
 """
 
 from __future__ import annotations

@@ -255,7 +255,8 @@ def test_graph_mode_accepts_and_rejects_norm_eps_exactly_as_eager(norm_eps):
             outcomes.append(None)
         torch._dynamo.reset()
     eager, graph = outcomes
-    assert (eager is None) == (graph is None), f"eager {'rejects' if eager is None else 'accepts'} {norm_eps}, graph not"
+    verdict = "rejects" if eager is None else "accepts"
+    assert (eager is None) == (graph is None), f"eager {verdict} norm_eps={norm_eps}, graph mode does not"
     if eager is not None:
         assert all(torch.isfinite(t).all() for t in eager), "an accepted eps keeps a zero row finite"
         assert all(torch.equal(a, b) for a, b in zip(eager, graph, strict=True))
