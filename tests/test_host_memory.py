@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
 import torch
 from conftest import make_inputs
+from test_buffer_reuse import HOLDERS, keep_view
 
 from attnres_ge.op_host import host_memory
 from attnres_ge.op_host.host_memory import HUGE_PAGE, HugePagePool
@@ -28,6 +30,22 @@ def test_a_mapping_is_reused_only_after_every_tensor_and_view_is_gone():
     assert pool.mapped == 2, "once nothing uses it, the mapping is handed out again"
     assert third.shape == SHAPE and third.is_contiguous() and third.dtype == torch.float32
     del second, third
+
+
+@pytest.mark.parametrize("holder", HOLDERS, ids=lambda holder: holder.__name__)
+def test_every_way_of_holding_an_output_keeps_it_intact(holder):
+    """The holders of the graph buffers' test (tests/test_buffer_reuse.py), on the eager pool."""
+    pool = HugePagePool()
+    first = pool.empty(SHAPE, torch.float32)
+    first.copy_(torch.arange(first.numel(), dtype=torch.float32).view(SHAPE))
+    snapshot = first.clone()
+    read = holder(first)
+    del first
+    gc.collect()
+    pool.empty(SHAPE, torch.float32).fill_(-1.0)  # reuses the mapping only if nothing can reach it
+    kept = read()
+    if kept is not None:
+        assert torch.equal(kept, snapshot[1:] if holder is keep_view else snapshot)
 
 
 def test_a_tensor_saved_by_autograd_keeps_its_mapping():
