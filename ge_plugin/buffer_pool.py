@@ -1,18 +1,29 @@
 """Output and workspace memory of one compiled GE node, kept per plan (input shape) and reused only when free.
 
 GE plans a static graph's memory once and reuses it on every run. Reusing is only safe while
-nobody still holds the previous run's results (an autograd graph that saved an output, a
-caller keeping the loss): overwriting them would silently change values someone holds. So each
-buffer is a slot: a storage and one tensor of the planned shape over it, both kept by the pool.
-A run hands out a new tensor sharing the slot's storage (detach: one cheap op), so anyone who
-still holds a run's result, or a view of it, raises the storage's use count; before a run
-writes into a slot that count is checked, and a held slot gets a fresh storage instead (kept
-for next time).
+nobody can still reach the previous run's results (an autograd graph that saved an output, a
+caller keeping the loss, its storage, or a shared-memory copy of it sent to another process):
+overwriting them would silently change values someone holds. So each buffer is a slot: a
+storage and one tensor of the planned shape over it, both kept by the pool. A run hands out a
+new tensor sharing the slot's storage (detach: one cheap op), so anyone who still holds a run's
+result, or a view of it, raises the storage's use count.
+
+The reuse rule (docs/memory.md; the C++ GraphNode's Slot applies the same): a slot is written
+again only when it is provably free, else it gets a fresh storage (kept for next time):
+- nothing but the slot references its storage: the C++ use count is the slot's own, and the
+  pool's storage object (the very object `out.untyped_storage()` hands back) has no other
+  reference and no weak reference;
+- the storage still owns the allocation the slot made: same data pointer and size, not moved
+  to shared memory (share_memory_(), a torch.multiprocessing queue) nor resized (resize_(0),
+  FSDP2's resize_storage_bytes_).
+When torch cannot tell a use count, the slot is never reused.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -21,7 +32,6 @@ import torch
 from ..op_proto import TensorMeta
 
 WORKSPACE_DTYPE = torch.uint8
-IDLE_USE_COUNT = 2  # the pool's own references to a slot's storage: the storage object and the slot tensor
 
 
 def _use_count(storage: torch.UntypedStorage) -> int | None:
@@ -36,9 +46,25 @@ class _Slot:
     def __init__(self, meta: TensorMeta, device: torch.device):
         self.tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device)
         self.storage = self.tensor.untyped_storage()
+        self.data_ptr = self.storage.data_ptr()
+        self.nbytes = self.storage.nbytes()
+        # The pool's own references, counted now that nobody else has any: to the storage (the slot
+        # tensor, the storage object) and to the storage object (how many depends on torch's version).
+        self.idle_use_count = _use_count(self.storage)
+        self.idle_storage_refs = sys.getrefcount(self.storage)
 
-    def idle(self) -> bool:
-        return _use_count(self.storage) == IDLE_USE_COUNT
+    def reusable(self) -> bool:
+        """Provably free and still the planned allocation (the module's rule). No local may hold
+        self.storage while its references are counted."""
+        return (
+            self.idle_use_count is not None
+            and _use_count(self.storage) == self.idle_use_count
+            and sys.getrefcount(self.storage) == self.idle_storage_refs
+            and weakref.getweakrefcount(self.storage) == 0
+            and self.storage.data_ptr() == self.data_ptr
+            and self.storage.nbytes() == self.nbytes
+            and not self.storage.is_shared()
+        )
 
 
 class BufferPool:
@@ -61,7 +87,7 @@ class BufferPool:
         self, plan: object, outputs: Sequence[TensorMeta], workspace_size: int, device: torch.device
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Output tensors [shapes of `outputs`] and a workspace [workspace_size] uint8 for one run of `plan`,
-        in memory that nobody else holds."""
+        in memory that nobody else can reach."""
         with self._lock:
             entry = self._slots.get(id(plan))
             if entry is None or entry[0] is not plan:
@@ -73,7 +99,7 @@ class BufferPool:
             self._slots.move_to_end(id(plan))
             slots = entry[1]
             for index, slot in enumerate(slots):
-                if not slot.idle():
+                if not slot.reusable():
                     slots[index] = self._new_slot(TensorMeta(tuple(slot.tensor.shape), slot.tensor.dtype), device)
             tensors = [slot.tensor.detach() for slot in slots]
         return tensors[:-1], tensors[-1]

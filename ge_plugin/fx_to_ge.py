@@ -4,8 +4,10 @@
 
 Each Data takes its dtype and shape from the FakeTensor torch traced for that argument;
 symbolic dims (torch.compile's dynamic shapes) become -1. The converter receives the node's
-arguments with tensors replaced by graph tensors, plus `meta_outputs` (the traced outputs),
-and the traced outputs are recorded on the node's output descs for the local GE to check.
+arguments with tensors replaced by graph tensors and numbers computed in the graph (an
+attribute taken from a shape) by their traced values, specialised under a guard, plus
+`meta_outputs` (the traced outputs), and the traced outputs are recorded on the node's output
+descs for the local GE to check.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
+from torch.fx.experimental.symbolic_shapes import guard_scalar
+
 from . import ge
 from .ge_ir import GraphDef
+
+# Numbers an FX node may compute for an attribute, e.g. valid_block_num=block_res.shape[1]. A GE
+# attribute is a constant of the compiled graph, so a symbolic one is specialised to the value it
+# traced with, under a guard: torch.compile recompiles when a later call brings another value.
+SCALARS = (bool, int, float, torch.SymBool, torch.SymInt, torch.SymFloat)
 
 
 def _traced_value(node: fx.Node):
@@ -34,8 +43,11 @@ def build_node_graph(node: fx.Node, converter: Callable) -> tuple[GraphDef, list
             return arg
         if arg not in data_for:
             value = _traced_value(arg)
+            if isinstance(value, SCALARS):
+                return guard_scalar(value)
             if not isinstance(value, torch.Tensor):
-                raise ge.GraphBuildError(f"FX node {node.name!r}: argument {arg.name!r} is not a tensor ({value!r})")
+                raise ge.GraphBuildError(f"FX node {node.name!r}: argument {arg.name!r} is neither a tensor nor "
+                                         f"a number ({value!r})")
             data_for[arg] = ge.Data(len(data_for), value.dtype, value.shape, node_name=arg.name)
         return data_for[arg]
 

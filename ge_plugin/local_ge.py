@@ -95,7 +95,11 @@ class CompiledGraph:
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         if self.node is not None:
-            return self.node(inputs)
+            try:
+                return self.node(inputs)
+            except TypeError:  # an input the C++ node cannot take as a tensor: name it
+                self._bind_data(inputs)
+                raise
         return self.run(inputs)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -119,6 +123,10 @@ class CompiledGraph:
         values = {}
         for index, (op, declared) in self.data_ops.items():
             tensor = inputs[index]
+            if not isinstance(tensor, torch.Tensor):
+                got = "None" if tensor is None else type(tensor).__name__
+                raise GraphRunError(f"graph {self.graph_def.name!r} input {index} (node {op.name!r}) must be a "
+                                    f"{declared.dtype} tensor {list(declared.shape)}, got {got}")
             if tensor.dtype != declared.dtype or not (
                 tensor.shape == declared.shape or _known_dims_match(tensor.shape, declared.shape)
             ):

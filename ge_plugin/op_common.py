@@ -46,7 +46,7 @@ def run_eager(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mappin
 
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """The same validation as eager; empty outputs of the inferred shapes and dtypes."""
-    _, out_metas = proto.check(proto.input_metas(tensors), attrs, WHERE_FAKE)
+    _, out_metas = proto.check(proto.input_metas(tensors, WHERE_FAKE), attrs, WHERE_FAKE)
     return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)
 
 

@@ -4,21 +4,25 @@ A freshly allocated large tensor is fresh anonymous memory: the kernel maps it a
 4 KiB page at a time as the op first writes it (about 73,700 faults for a 288 MB
 gradient), which costs more than the op itself. Large eager outputs therefore
 come from `HugePagePool`: anonymous mappings advised MADV_HUGEPAGE (2 MiB pages),
-wrapped by torch.frombuffer. The tensor keeps its mapping alive; once no tensor
-uses a mapping any more (its reference count says only the pool holds it) the
-pool hands it to the next output of the same size, already mapped: no faults and
-no page compaction. Idle mappings beyond MAX_IDLE_BYTES are unmapped, oldest first.
+wrapped by torch.frombuffer. The tensor keeps its mapping alive; the moment no
+tensor, view or storage uses a mapping any more, the pool takes it back and hands
+it to the next output of the same size, already mapped: no faults and no page
+compaction. Idle mappings beyond MAX_IDLE_BYTES are unmapped, oldest first, as
+soon as they become idle.
 Small outputs, machines whose THP is "never", and ATTNRES_GE_HUGE_PAGES=0 use torch.empty.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import itertools
 import math
 import mmap
 import os
-import sys
 import threading
+import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -43,48 +47,79 @@ def huge_pages_available() -> bool:
 
 
 class HugePagePool:
-    """Huge-page-advised mappings for large CPU outputs, reused once no tensor uses them."""
+    """Huge-page-advised mappings for large CPU outputs, reused once no tensor uses them.
+
+    Each output wraps its mapping in a ctypes view that only the output's storage references;
+    the view's finalizer returns the mapping to the idle set the moment the last tensor, view
+    or storage over it goes, and trims the idle set to `max_idle_bytes` right then.
+    """
 
     def __init__(self, max_idle_bytes: int = MAX_IDLE_BYTES):
         self.max_idle_bytes = max_idle_bytes
-        self._mappings: dict[int, mmap.mmap] = {}  # insertion order = least recently handed out first
+        self._idle: dict[int, mmap.mmap] = {}  # insertion order = least recently returned first
+        self._in_use: dict[int, mmap.mmap] = {}
+        self._returned: collections.deque[int] = collections.deque()  # keys whose last user went, not yet filed
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.mapped = 0  # mappings created so far (tests watch reuse through it)
 
-    def _idle(self, key: int) -> bool:
-        # Two references when idle: the dict's and getrefcount's argument; a tensor adds its own.
-        # (So no local variable may hold a mapping while this is asked.)
-        return sys.getrefcount(self._mappings[key]) == 2
+    def idle_bytes(self) -> int:
+        """Bytes of the mappings no tensor uses, kept for reuse (at most max_idle_bytes)."""
+        with self._locked():
+            return sum(len(mapping) for mapping in self._idle.values())
+
+    def in_use_bytes(self) -> int:
+        """Bytes of the mappings some tensor still uses."""
+        with self._locked():
+            return sum(len(mapping) for mapping in self._in_use.values())
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous CPU tensor [shape] of `dtype` in a huge-page mapping."""
         numel = math.prod(shape)
         size = -(-numel * dtype.itemsize // HUGE_PAGE) * HUGE_PAGE
-        with self._lock:
-            reusable = [key for key in self._mappings if len(self._mappings[key]) == size and self._idle(key)]
-            if reusable:
-                key = reusable[0]
-                mapping = self._mappings.pop(key)
+        with self._locked():
+            key = next((key for key, mapping in self._idle.items() if len(mapping) == size), None)
+            if key is not None:
+                mapping = self._idle.pop(key)
             else:
                 key = next(self._ids)
                 mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
                 mapping.madvise(mmap.MADV_HUGEPAGE)
                 self.mapped += 1
-            self._mappings[key] = mapping
-            tensor = torch.frombuffer(mapping, dtype=dtype, count=numel).view(shape)
-            del mapping  # only the dict and the tensor hold it now
-            self._trim()
-        return tensor
+            self._in_use[key] = mapping
+        view = (ctypes.c_char * size).from_buffer(mapping)
+        weakref.finalize(view, self._on_return, key).atexit = False
+        return torch.frombuffer(view, dtype=dtype, count=numel).view(shape)
+
+    def _on_return(self, key: int) -> None:
+        # Runs wherever the last user of a mapping goes: maybe inside this pool's own locked section
+        # (a garbage collection there), so it never waits for the lock; whoever holds it files the key.
+        self._returned.append(key)
+        self._file_returns()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with self._lock:
+            yield
+        self._file_returns()
+
+    def _file_returns(self) -> None:
+        """Move returned mappings to the idle set and trim it. A return that arrives while another
+        caller holds the lock is filed by that caller, which checks again after releasing it."""
+        while self._returned and self._lock.acquire(blocking=False):
+            try:
+                while self._returned:
+                    key = self._returned.popleft()
+                    self._idle[key] = self._in_use.pop(key)
+                self._trim()
+            finally:
+                self._lock.release()
 
     def _trim(self) -> None:
-        idle = [key for key in self._mappings if self._idle(key)]
-        idle_bytes = sum(len(self._mappings[key]) for key in idle)
-        for key in idle:
-            if idle_bytes <= self.max_idle_bytes:
-                break
-            idle_bytes -= len(self._mappings[key])
-            self._mappings.pop(key).close()
+        idle_bytes = sum(len(mapping) for mapping in self._idle.values())
+        while idle_bytes > self.max_idle_bytes:
+            oldest = next(iter(self._idle))
+            idle_bytes -= len(self._idle.pop(oldest))  # unmapped as the dying view lets go of it
 
 
 _pool = HugePagePool()

@@ -88,13 +88,17 @@ class HostRuntime:
 
     def plan(self, proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping, where: str) -> ShapePlan:
         """Validate (InferDataType/InferShape, errors say `where`) and tile, once per input signature."""
-        key = _signature(proto, tensors, attrs)
+        try:
+            key = _signature(proto, tensors, attrs)
+        except AttributeError:  # not a tensor where one belongs: say which
+            proto.check_tensors(tensors, where)
+            raise
         with self._lock:
             cached = self._plans.get(key)
             if cached is not None:
                 self._plans.move_to_end(key)
                 return cached
-        metas = proto.input_metas(tensors)
+        metas = proto.input_metas(tensors, where)
         bound, outputs = proto.check(metas, attrs, where)
         device = metas["partial_block"].device
         if device is not None and device.type != "cpu":  # the host kernels read the data where it lies

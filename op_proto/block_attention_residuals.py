@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, rows_of
+from .op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, is_unknown, rows_of
 
 OP_TYPE = "BlockAttentionResiduals"
 MIN_BLOCKS, MAX_BLOCKS = 1, 100
@@ -43,9 +43,9 @@ def infer_shape(inputs, attrs, where):
     else:
         check.shape("proj_weight", proj, ("1", "H"), (1, hidden))
     check.shape("norm_weight", inputs["norm_weight"], ("H",), (hidden,))
-    check.finite_positive("norm_eps", attrs["norm_eps"])
+    check.positive_float32("norm_eps", attrs["norm_eps"])
     valid = attrs["valid_block_num"]
-    if valid != -1 and valid != blocks:
+    if valid != -1 and not is_unknown(blocks) and valid != blocks:  # an unknown N is checked at run time
         check.fail(f"attribute valid_block_num is reserved and must be -1 or N = {blocks}, got {valid}")
     saved = (tokens, rows_of(blocks)) if attrs["need_backward"] else (0,)
     return {"hidden_states": (tokens, hidden), "inv_norm": saved, "probs": saved}

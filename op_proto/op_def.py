@@ -77,6 +77,11 @@ def rows_of(blocks):
     return UNKNOWN_DIM if is_unknown(blocks) else blocks + 1
 
 
+def float32(value: float) -> float:
+    """`value` rounded to float32 as GE and the kernels store it (inf past float32's range, never an error)."""
+    return torch.tensor(float(value), dtype=torch.float64).to(torch.float32).item()
+
+
 def format_shape(shape: Sequence) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -131,9 +136,14 @@ class Checker:
             listed = ", ".join(f"{name} on {device}" for name, device in devices.items())
             self.fail(f"all tensors must be on one device, got {listed}")
 
-    def finite_positive(self, name: str, value: float) -> None:
-        if not (math.isfinite(value) and value > 0):
-            self.fail(f"attribute {name} must be finite and > 0, got {value}")
+    def positive_float32(self, name: str, value: float) -> None:
+        """A Float attribute as GE stores it (float32, round to nearest) must be finite and > 0: a
+        value that rounds to 0 (below about 7e-46) or overflows (about 3.4e38 and up) is rejected."""
+        stored = float32(value)
+        if not (math.isfinite(stored) and stored > 0):
+            as_stored = "" if stored == value or math.isnan(value) else f" ({stored} as float32)"
+            self.fail(f"attribute {name} must be finite and > 0 as a float32 (how GE stores it), "
+                      f"got {value!r}{as_stored}")
 
 
 InferFn = Callable[[Mapping[str, TensorMeta], Mapping[str, Any], str], dict]
@@ -181,9 +191,20 @@ class OpPrototype:
     def output_names(self) -> list[str]:
         return [arg.name for arg in self.outputs]
 
-    def input_metas(self, tensors: Sequence[torch.Tensor]) -> dict[str, TensorMeta]:
-        """The TensorMeta of each input tensor, by prototype input name."""
+    def input_metas(self, tensors: Sequence[torch.Tensor], where: str = WHERE_PROTOTYPE) -> dict[str, TensorMeta]:
+        """The TensorMeta of each input tensor, by prototype input name (after check_tensors)."""
+        self.check_tensors(tensors, where)
         return {arg.name: TensorMeta.of(tensor) for arg, tensor in zip(self.inputs, tensors, strict=True)}
+
+    def check_tensors(self, tensors: Sequence, where: str) -> None:
+        """One tensor per prototype input; None or another object where a tensor belongs is named."""
+        checker = Checker(self.op_type, where)
+        if len(tensors) != len(self.inputs):
+            checker.fail(f"takes {len(self.inputs)} tensors ({', '.join(self.input_names())}), got {len(tensors)}")
+        for arg, value in zip(self.inputs, tensors, strict=True):
+            if not isinstance(value, torch.Tensor):
+                got = "None" if value is None else f"{type(value).__name__} {value!r:.60}"
+                checker.fail(f"{arg.name} must be a tensor {arg.layout}, got {got}")
 
     def bind_attrs(self, given: Mapping[str, Any], where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
         """Attributes by name with defaults filled in; unknown or mistyped ones are rejected."""

@@ -188,6 +188,12 @@ PYTHON_ENTRY_SCRIPT = textwrap.dedent(
     torch.save(training_step(), {path!r})
     inputs = [t.requires_grad_() for t in make_inputs(*STEP_SHAPE)]
     torch.library.opcheck(torch.ops.attnres.block_attention_residuals, (*inputs, -1, 1e-6, True))
+    from attnres_ge.op_proto import AttnResInputError
+    try:
+        torch.ops.attnres.block_attention_residuals(inputs[0], None, *inputs[2:])
+        raise SystemExit("None for block_res was accepted")
+    except AttnResInputError as error:
+        assert "block_res must be a tensor [T, N, H], got None" in str(error), error
     print("python entry ok")
     """
 )

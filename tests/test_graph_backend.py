@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch._dynamo
@@ -204,6 +206,60 @@ BAD_CALLS = [
     pytest.param(lambda p, b, w, n: (p, b, w, n), {"valid_block_num": 7}, "valid_block_num is reserved",
                  id="valid-block-num"),
 ]
+
+
+@pytest.mark.parametrize("backend", ["attnres_ge", "inductor"])
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_valid_block_num_taken_from_the_shape_compiles_as_n_varies(backend, dynamic, requires_grad):
+    """valid_block_num=block_res.shape[1] (a SymInt under dynamic shapes) is specialised under a guard."""
+    layer = make_layer()
+
+    def fn(partial, block_res):
+        hidden, _, _ = torch.ops.attnres.block_attention_residuals(
+            partial, block_res, layer.proj_weight, layer.norm_weight, block_res.shape[1], 1e-6, requires_grad)
+        return (hidden.float() ** 2).sum()
+
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for tokens, blocks in [(5, 2), (7, 3), (9, 4), (7, 3)]:
+        results = []
+        for call in (fn, compiled):
+            partial, block_res = make_inputs(tokens, blocks, requires_grad=requires_grad)
+            loss = call(partial, block_res)
+            if requires_grad:
+                loss.backward()
+            results.append([loss.detach(), *((partial.grad, block_res.grad) if requires_grad else ())])
+        eager, graph = results
+        same = torch.equal if backend == "attnres_ge" else functools.partial(torch.allclose, rtol=1e-5, atol=1e-6)
+        assert all(same(a, b) for a, b in zip(eager, graph, strict=True)), f"N={blocks}: graph differs from eager"
+
+
+@pytest.mark.parametrize("norm_eps", [1e-6, 1e-45, 1e-46, 1e-50, 1e-300, 3.4e38, 3.5e38, 1e300])
+def test_graph_mode_accepts_and_rejects_norm_eps_exactly_as_eager(norm_eps):
+    """norm_eps as the float32 GE stores: an eps that rounds to 0 or overflows is rejected everywhere, naming it."""
+    partial, block_res = make_inputs()
+    partial[0].zero_()
+    block_res[0].zero_()  # an all-zero row: only norm_eps keeps its statistics finite
+    layer = make_layer()
+    args = (partial, block_res, layer.proj_weight.detach(), layer.norm_weight.detach())
+
+    def fn(p, b, w, n):
+        return torch.ops.attnres.block_attention_residuals(p, b, w, n, -1, norm_eps, True)
+
+    outcomes = []
+    for call in (fn, torch.compile(fn, backend="attnres_ge")):
+        try:
+            outcomes.append(call(*args))
+        except Exception as error:  # noqa: BLE001 - the kind of error is what is compared
+            assert "attribute norm_eps must be finite and > 0 as a float32" in str(error), repr(error)
+            outcomes.append(None)
+        torch._dynamo.reset()
+    eager, graph = outcomes
+    verdict = "rejects" if eager is None else "accepts"
+    assert (eager is None) == (graph is None), f"eager {verdict} norm_eps={norm_eps}, graph mode does not"
+    if eager is not None:
+        assert all(torch.isfinite(t).all() for t in eager), "an accepted eps keeps a zero row finite"
+        assert all(torch.equal(a, b) for a, b in zip(eager, graph, strict=True))
 
 
 @pytest.mark.parametrize(("mangle", "attrs", "message"), BAD_CALLS)

@@ -152,6 +152,9 @@ FORWARD_RULES = [
     pytest.param(forward_specs(), {"norm_eps": -1e-6}, "norm_eps must be finite and > 0", id="eps-negative"),
     pytest.param(forward_specs(), {"norm_eps": math.inf}, "norm_eps must be finite and > 0", id="eps-inf"),
     pytest.param(forward_specs(), {"norm_eps": math.nan}, "norm_eps must be finite and > 0", id="eps-nan"),
+    pytest.param(forward_specs(), {"norm_eps": 1e-50}, r"norm_eps must be finite and > 0 as a float32", id="eps-1e-50"),
+    pytest.param(forward_specs(), {"norm_eps": 3.5e38}, r"norm_eps must be finite and > 0 as a float32",
+                 id="eps-3.5e38"),
     pytest.param(forward_specs(), {"valid_block_num": 2}, "valid_block_num is reserved and must be -1 or N = 3",
                  id="valid-block-num"),
 ]
@@ -270,6 +273,17 @@ def compile_for(runner: str, graph_def):
 
 def allocations(compiled, runner: str) -> int:
     return compiled.node.allocations() if runner == "cpp-node" else compiled.ops[0].buffers.allocations
+
+
+@pytest.mark.parametrize(("bad", "named"), [(None, "None"), (1.5, "float")], ids=["none", "float"])
+def test_a_graph_input_that_is_not_a_tensor_is_named(runner, bad, named):
+    compiled = compile_for(runner, build(convert_block_attention_residuals, forward_specs(), -1, 1e-6, True))
+    inputs = forward_inputs()
+    compiled(*inputs)  # planned: a C++ node has the signature cached
+    inputs[1] = bad
+    with pytest.raises(GraphRunError, match=r"input 1 \(node 'input1'\) must be a torch.float32 tensor \[6, 3, 16\], "
+                                            rf"got {named}"):
+        compiled(*inputs)
 
 
 def test_buffers_are_reused_only_when_nobody_holds_them(runner):

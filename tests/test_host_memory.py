@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+
 import pytest
 import torch
 from conftest import make_inputs
+from test_buffer_reuse import HOLDERS, keep_view
 
 from attnres_ge.op_host import host_memory
 from attnres_ge.op_host.host_memory import HUGE_PAGE, HugePagePool
@@ -28,6 +32,22 @@ def test_a_mapping_is_reused_only_after_every_tensor_and_view_is_gone():
     del second, third
 
 
+@pytest.mark.parametrize("holder", HOLDERS, ids=lambda holder: holder.__name__)
+def test_every_way_of_holding_an_output_keeps_it_intact(holder):
+    """The holders of the graph buffers' test (tests/test_buffer_reuse.py), on the eager pool."""
+    pool = HugePagePool()
+    first = pool.empty(SHAPE, torch.float32)
+    first.copy_(torch.arange(first.numel(), dtype=torch.float32).view(SHAPE))
+    snapshot = first.clone()
+    read = holder(first)
+    del first
+    gc.collect()
+    pool.empty(SHAPE, torch.float32).fill_(-1.0)  # reuses the mapping only if nothing can reach it
+    kept = read()
+    if kept is not None:
+        assert torch.equal(kept, snapshot[1:] if holder is keep_view else snapshot)
+
+
 def test_a_tensor_saved_by_autograd_keeps_its_mapping():
     pool = HugePagePool()
     saved = pool.empty(SHAPE, torch.float32).fill_(1.0)
@@ -42,12 +62,37 @@ def test_a_tensor_saved_by_autograd_keeps_its_mapping():
     assert torch.all(leaf.grad == 1.0)
 
 
-def test_idle_mappings_beyond_the_cap_are_unmapped():
+def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
     pool = HugePagePool(max_idle_bytes=HUGE_PAGE * 4)
-    tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]
+    tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]  # 4 huge pages each
+    assert pool.in_use_bytes() == 3 * 4 * HUGE_PAGE and pool.idle_bytes() == 0
     del tensors
-    pool.empty((16, 1024, 1024), torch.float32)  # a new size: trims the idle ones beyond the cap
-    assert len(pool._mappings) <= 2
+    assert pool.in_use_bytes() == 0 and pool.idle_bytes() == 4 * HUGE_PAGE, "one kept for reuse, two unmapped"
+
+
+def test_the_idle_cap_holds_after_a_threaded_burst():
+    cap = 24 * HUGE_PAGE
+    pool = HugePagePool(max_idle_bytes=cap)
+    start = threading.Barrier(6)
+    wrong_sizes = []  # an assert in a thread would not fail the test
+
+    def burst(worker):
+        start.wait()
+        for round_ in range(12):
+            sizes = [(4 + (worker + round_ + step) % 5) * HUGE_PAGE for step in range(3)]  # untouched: no memory
+            held = [pool.empty((size // 4,), torch.float32) for size in sizes]
+            wrong_sizes.extend(tensor.numel() * 4 for tensor, size in zip(held, sizes, strict=True)
+                               if tensor.numel() * 4 != size)
+
+    threads = [threading.Thread(target=burst, args=(worker,)) for worker in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong_sizes
+    assert pool.mapped > cap // (8 * HUGE_PAGE), "the burst mapped more than the cap holds"
+    assert pool.in_use_bytes() == 0
+    assert 0 < pool.idle_bytes() <= cap, f"{pool.idle_bytes() >> 20} MiB idle after the burst, cap {cap >> 20} MiB"
 
 
 def test_eager_outputs_come_from_the_pool_and_stay_correct(monkeypatch):

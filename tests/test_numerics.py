@@ -200,3 +200,22 @@ def test_gradcheck_through_the_public_function():
         return out.double()
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-3, atol=2e-3, rtol=2e-2, nondet_tol=0.0)
+
+
+# Scores of magnitude ~sqrt(H) (unit-variance proj_weight and norm_weight: a peaked softmax over depth).
+# The native kernel sums each row's v*w and v^2 in one float32 vector register, lane by lane over H
+# (H/16 terms per lane), and rounds the scores to float32 before the softmax: an absolute score error
+# of eps32 * |score| and more moves probs, hence hidden_states, past SPEC's atol 1e-5 (up to 2.3e-4
+# here). Sums in float64 lanes with scores and softmax kept in float64 until the store meet SPEC on
+# these inputs (emulated: 0 of 81 checks over; the kernel: 7). A kernel change (op_kernel/csrc), not
+# made here: strict, so that this test fails once the kernel is fixed and the mark must go.
+@pytest.mark.xfail(strict=True, reason="float32 per-lane score sums and float32 scores in the native forward")
+@pytest.mark.parametrize(("tokens", "blocks", "hidden", "seed"), [(16, 2, 16384, 0), (32, 8, 4096, 0)])
+def test_peaked_softmax_at_large_hidden_meets_spec(tokens, blocks, hidden, seed):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(tokens, hidden), (tokens, blocks, hidden), (1, hidden), (hidden,)]
+    inputs = tuple(torch.randn(shape, generator=generator) for shape in shapes)
+    expected = reference_with_grads(inputs, torch.zeros(tokens, hidden))
+    for name, value in zip(("hidden_states", "inv_norm", "probs"),
+                           torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True), strict=True):
+        assert_close_to_reference(name, value, expected[name], torch.float32)

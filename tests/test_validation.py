@@ -14,6 +14,7 @@ from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, AttnResInputError
 forward_op = torch.ops.attnres.block_attention_residuals
 backward_op = torch.ops.attnres.block_attention_residuals_backward
 T, N, H = 6, 3, 8
+EPS_RULE = "attribute norm_eps must be finite and > 0 as a float32 (how GE stores it)"
 
 
 def forward_args(**changes):
@@ -105,10 +106,18 @@ FORWARD_CASES = [
         ),
         "partial_block must have H >= 1 (hidden size), got H = 0",
     ),
-    ("eps-zero", dict(norm_eps=0.0), "attribute norm_eps must be finite and > 0, got 0.0"),
-    ("eps-negative", dict(norm_eps=-1e-6), "attribute norm_eps must be finite and > 0, got -1e-06"),
-    ("eps-inf", dict(norm_eps=math.inf), "attribute norm_eps must be finite and > 0, got inf"),
-    ("eps-nan", dict(norm_eps=math.nan), "attribute norm_eps must be finite and > 0, got nan"),
+    ("eps-zero", dict(norm_eps=0.0), f"{EPS_RULE}, got 0.0"),
+    ("eps-negative", dict(norm_eps=-1e-6), f"{EPS_RULE}, got -1e-06"),
+    ("eps-inf", dict(norm_eps=math.inf), f"{EPS_RULE}, got inf"),
+    ("eps-nan", dict(norm_eps=math.nan), f"{EPS_RULE}, got nan"),
+    ("eps-underflows-float32", dict(norm_eps=1e-46), f"{EPS_RULE}, got 1e-46 (0.0 as float32)"),
+    ("eps-far-below-float32", dict(norm_eps=1e-300), f"{EPS_RULE}, got 1e-300 (0.0 as float32)"),
+    ("eps-overflows-float32", dict(norm_eps=3.5e38), f"{EPS_RULE}, got 3.5e+38 (inf as float32)"),
+    *[
+        (f"{name}-none", {name: None}, f"{name} must be a tensor {layout}, got None")
+        for name, layout in [("partial_block", "[T, H]"), ("block_res", "[T, N, H]"),
+                             ("proj_weight", "[1, H] or [H]"), ("norm_weight", "[H]")]
+    ],
     (
         "valid-block-num",
         dict(valid_block_num=2),
@@ -123,6 +132,11 @@ FORWARD_CASES = [
 ]
 
 BACKWARD_CASES = [
+    *[
+        (f"{name}-none", {name: None}, f"{name} must be a tensor")
+        for name in ("partial_block", "block_res", "proj_weight", "norm_weight", "grad_hidden_states", "inv_norm",
+                     "probs")
+    ],
     (
         "float64-inputs",
         dict(partial_block=torch.ones(T, H, dtype=torch.float64)),
@@ -211,6 +225,14 @@ def test_forward_rejects_under_torch_compile(changes, message):
 def test_backward_rejects_under_torch_compile(changes, message):
     compiled = torch.compile(call_backward, backend="eager", fullgraph=True)
     expect_error(compiled, backward_args(**changes), message, WHERE_FAKE, COMPILE_ERRORS)
+
+
+@pytest.mark.parametrize("call", [call_forward, call_backward])
+@pytest.mark.parametrize("bad", [[[1.0] * H] * T, 2.0, "x"], ids=["list", "float", "str"])
+def test_a_non_tensor_where_a_tensor_belongs_is_named(call, bad):
+    args = (forward_args if call is call_forward else backward_args)(block_res=bad)
+    with pytest.raises(RuntimeError, match=r"for argument 'block_res'"):  # torch's schema check, before ours
+        call(args)
 
 
 def test_attribute_of_wrong_type_is_rejected():

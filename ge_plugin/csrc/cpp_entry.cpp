@@ -10,8 +10,8 @@
 //               and, for the forward, the Autograd kernel (a torch::autograd::Function
 //               with the backward of ge_plugin/block_attention_residuals.py)
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
-//               per signature and reused while nobody holds them (ge_plugin/buffer_pool.py's
-//               rule, on the storages' use counts)
+//               per signature and reused only when provably free (GraphNode::Slot: the rule
+//               ge_plugin/buffer_pool.py applies too)
 //
 // A signature not seen yet goes to Python, which validates and plans (op_host) as it always
 // has, so every error message is the Python one, and hands back a repeatable launch: the
@@ -183,10 +183,17 @@ std::shared_ptr<const Launch> cached_eager_launch(const Key& key) {
   return found == entry.eager_launches.end() ? nullptr : found->second;
 }
 
+bool all_defined(const std::vector<at::Tensor>& tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& tensor) { return tensor.defined(); });
+}
+
 // One eager call: the cached launch with fresh outputs, or the Python entry (whose launch is then cached).
-std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs, const Key& key,
-                                   const std::function<py::dict()>& attrs) {
-  if (auto launch = cached_eager_launch(key)) {
+// A None input (an undefined tensor) has no signature: Python's validation names it.
+std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs,
+                                   const std::function<Key()>& signature_of, const std::function<py::dict()>& attrs) {
+  const bool cacheable = all_defined(inputs);
+  const Key key = cacheable ? signature_of() : Key{};
+  if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
     std::vector<at::Tensor> outputs;
     for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
     const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
@@ -195,7 +202,7 @@ std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs
   }
   py::gil_scoped_acquire gil;
   auto answer = state().first_call(op, inputs, attrs()).cast<py::tuple>();  // Python errors propagate as they are
-  if (auto launch = launch_from(op, answer[1])) {
+  if (auto launch = cacheable ? launch_from(op, answer[1]) : nullptr) {
     EntryState& entry = state();
     std::lock_guard<std::mutex> lock(entry.mutex);
     if (entry.eager_launches.size() >= kMaxEagerSignatures) entry.eager_launches.clear();
@@ -208,8 +215,9 @@ ForwardResult forward_cpu(const at::Tensor& partial_block, const at::Tensor& blo
                           const at::Tensor& norm_weight, int64_t valid_block_num, double norm_eps,
                           bool need_backward) {
   const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight};
-  auto outputs = eager_call(kForwardOp, inputs,
-                            signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}), [&] {
+  auto outputs = eager_call(
+      kForwardOp, inputs,
+      [&] { return signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}); }, [&] {
                               py::dict attrs;
                               attrs["valid_block_num"] = valid_block_num;
                               attrs["norm_eps"] = norm_eps;
@@ -225,7 +233,8 @@ BackwardResult backward_cpu(const at::Tensor& partial_block, const at::Tensor& b
                             int64_t valid_block_num) {
   const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight,
                                        grad_hidden_states, inv_norm, probs};
-  auto outputs = eager_call(kBackwardOp, inputs, signature(kBackwardOp, inputs, {valid_block_num}), [&] {
+  auto outputs = eager_call(
+      kBackwardOp, inputs, [&] { return signature(kBackwardOp, inputs, {valid_block_num}); }, [&] {
     py::dict attrs;
     attrs["valid_block_num"] = valid_block_num;
     return attrs;
@@ -291,6 +300,12 @@ struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
 ForwardResult forward_autograd(const at::Tensor& partial_block, const at::Tensor& block_res,
                                const at::Tensor& proj_weight, const at::Tensor& norm_weight, int64_t valid_block_num,
                                double norm_eps, bool need_backward) {
+  if (!all_defined({partial_block, block_res, proj_weight, norm_weight})) {
+    // A None input: nothing to differentiate; the CPU entry's validation names it.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(partial_block, block_res, proj_weight, norm_weight, valid_block_num, norm_eps,
+                             need_backward);
+  }
   variable_list outputs = ForwardFunction::apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num,
                                                  norm_eps, need_backward);
   return {outputs[0], outputs[1], outputs[2]};
@@ -351,17 +366,43 @@ class GraphNode {
   }
 
  private:
+  // One buffer, and the allocation it was planned with. The reuse rule (docs/memory.md), shared with
+  // ge_plugin/buffer_pool.py: a slot is written again only when nothing but the slot references its
+  // storage (no tensor, view, storage object or weak reference) and the storage still owns the very
+  // allocation the slot made: same data pointer, same size, same deleter. A storage resized by its
+  // holder (resize_(0), FSDP2's resize_storage_bytes_) or moved to shared memory (share_memory_(), a
+  // torch.multiprocessing queue: another process may map it) fails that test and is replaced.
+  struct Slot {
+    explicit Slot(at::Tensor buffer)
+        : tensor(std::move(buffer)),
+          data(tensor.storage().data()),
+          nbytes(tensor.storage().nbytes()),
+          deleter(tensor.storage().data_ptr().get_deleter()) {}
+
+    bool reusable() const {
+      const c10::Storage& storage = tensor.storage();
+      // Weak references: the strong ones together count as one, and `probe` is one more.
+      const c10::weak_intrusive_ptr<c10::StorageImpl> probe = storage.getWeakStorageImpl();
+      return storage.use_count() == 1 && probe.weak_use_count() == 2 && storage.data() == data &&
+             storage.nbytes() == nbytes && storage.data_ptr().get_deleter() == deleter;
+    }
+
+    at::Tensor tensor;
+    const void* data;
+    size_t nbytes;
+    c10::DeleterFnPtr deleter;
+  };
+
   struct Planned {
     Key key;
     std::shared_ptr<const Launch> launch;
-    std::vector<at::Tensor> slots;  // one per output, then the workspace
+    std::vector<Slot> slots;  // one per output, then the workspace
   };
 
-  // For a planned `key`: its launch, and tensors over its slots for one run. A slot whose storage
-  // someone else still holds (a result kept by the caller or saved by autograd, or a run in another
-  // thread) gets a fresh storage first, so a run never overwrites what anyone holds. Each run hands
-  // out new tensors (detach), so holding a result, or a view of it, raises its storage's use count
-  // above the slot's own one. False when `key` is not planned.
+  // For a planned `key`: its launch, and tensors over its slots for one run. A slot that is not
+  // provably free (reusable()) gets a fresh storage first, so a run never writes what anyone can
+  // still reach. Each run hands out new tensors (detach), so holding a result, or a view of it,
+  // raises its storage's use count above the slot's own one. False when `key` is not planned.
   bool take(const Key& key, std::shared_ptr<const Launch>* launch, std::vector<at::Tensor>* buffers) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = std::find_if(planned_.begin(), planned_.end(), [&](const Planned& p) { return p.key == key; });
@@ -369,14 +410,14 @@ class GraphNode {
     std::rotate(found, found + 1, planned_.end());  // now the most recently used
     Planned* planned = &planned_.back();
     for (size_t index = 0; index < planned->slots.size(); ++index) {
-      at::Tensor& slot = planned->slots[index];
-      if (slot.storage().use_count() != 1) {
+      Slot& slot = planned->slots[index];
+      if (!slot.reusable()) {
         const bool workspace = index + 1 == planned->slots.size();
-        slot = workspace ? empty_workspace(planned->launch->workspace_bytes)
-                         : empty_buffer(planned->launch->outputs[index]);
+        slot = Slot(workspace ? empty_workspace(planned->launch->workspace_bytes)
+                              : empty_buffer(planned->launch->outputs[index]));
         ++allocations_;
       }
-      buffers->push_back(slot.detach());
+      buffers->push_back(slot.tensor.detach());
     }
     *launch = planned->launch;
     return true;
@@ -385,10 +426,11 @@ class GraphNode {
   // Plans `key` with fresh slots (dropping the least recently used signature beyond the bound);
   // tensors over them for this run.
   std::vector<at::Tensor> remember(const Key& key, const std::shared_ptr<const Launch>& launch) {
-    std::vector<at::Tensor> slots, buffers;
-    for (const OutputMeta& meta : launch->outputs) slots.push_back(empty_buffer(meta));
-    slots.push_back(empty_workspace(launch->workspace_bytes));
-    for (const at::Tensor& slot : slots) buffers.push_back(slot.detach());
+    std::vector<Slot> slots;
+    std::vector<at::Tensor> buffers;
+    for (const OutputMeta& meta : launch->outputs) slots.emplace_back(empty_buffer(meta));
+    slots.emplace_back(empty_workspace(launch->workspace_bytes));
+    for (const Slot& slot : slots) buffers.push_back(slot.tensor.detach());
     std::lock_guard<std::mutex> lock(mutex_);
     allocations_ += static_cast<int64_t>(slots.size());
     if (planned_.size() >= max_signatures_) planned_.erase(planned_.begin());
