@@ -99,5 +99,5 @@ def test_cli_demo_runs_as_installed_command():
     result = subprocess.run([sys.executable, "-m", "attnres_ge.cli", "demo"], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "all within SPEC.md tolerances" in result.stdout
+    assert "all within the tolerances of docs/contract.md" in result.stdout
     assert result.stdout.count(" ok") == 15
