@@ -87,6 +87,12 @@ def test_cli_tiling_prints_the_decision(capsys):
     assert "workspace_size 524288 bytes" in out and "re-queried at Tiling" in out
 
 
+def test_cli_tiling_on_the_host_names_the_kernel_path(capsys):
+    assert main(["tiling", "--op", "forward", "--shape", "64,4,256"]) == 0
+    out = capsys.readouterr().out
+    assert "platform       host-cpu" in out and "kernel path    " in out
+
+
 def test_cli_tiling_reports_bad_arguments(capsys):
     assert main(["tiling", "--op", "forward", "--soc", "Ascend999", "--shape", "1,1,1"]) == 2
     assert "unknown platform profile 'Ascend999'" in capsys.readouterr().err
