@@ -1,6 +1,7 @@
 # attnres-ge: the two commands a newcomer runs (see README.md).
 #   make demo  - set everything up, then run the main job
 #   make test  - set everything up, then run the whole test suite (main suite + torchair interop tier)
+#                and the installed-wheel smoke test
 PYTHON ?= python3
 VENV := .venv
 INTEROP_VENV := .venv-interop
@@ -9,7 +10,7 @@ INTEROP_VENV := .venv-interop
 TORCH := torch==2.13.0
 TORCH_NPU := torch_npu==2.13.0
 
-.PHONY: demo test test-main test-interop setup clean cann-kit cann-host cann-host-drivers
+.PHONY: demo test test-main test-interop test-wheel setup clean cann-kit cann-host cann-host-drivers
 
 # --no-build-isolation: the native kernels are built against the torch installed just before.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -48,7 +49,22 @@ test-interop:
 		echo "interop tier SKIPPED: could not install $(TORCH_NPU) (no network?); it runs in CI"; \
 	fi
 
-test: test-main test-interop
+# The wheel, installed non-editable into a fresh venv, imported and run from /tmp and from this folder.
+# torch and the other dependencies come from $(VENV) through a .pth file (no second torch install).
+WHEEL_DIR := build/wheel
+WHEEL_VENV := build/venv-wheel
+test-wheel: setup
+	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
+	$(VENV)/bin/pip wheel --quiet --no-build-isolation --no-deps . -w $(WHEEL_DIR)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(WHEEL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/main-venv.pth"
+	$(WHEEL_VENV)/bin/pip install --quiet --no-deps --no-index $(WHEEL_DIR)/*.whl
+	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python - < $(CURDIR)/tests/smoke/installed_wheel.py
+	$(WHEEL_VENV)/bin/python - < tests/smoke/installed_wheel.py
+	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/attnres-ge tiling --op backward --shape 64,4,256 > /dev/null
+
+test: test-main test-interop test-wheel
 
 # ---- CANN host registrations (the C++ GE loads on Ascend), built and tested on this CPU against the CANN
 # source kit. The kit is read-only input: its build.sh writes only into build/cann-sim (reused between runs).

@@ -23,12 +23,20 @@ Providers:
   torch-eager    the plain formula (concatenate, RMS-norm, softmax, weighted sum) and its autograd
   torch-inductor torch.compile of a concatenation-free formula, forward and autograd backward
 
+A measurement is trusted only when its rounds were quiet: before the rounds the copy is also timed
+alone, back to back ("quiet copy"); when the copies paired with a provider ran at less than
+DISTURBED_COPY_FRACTION of that rate, or a provider's spread (interquartile range) is as large
+as its median (DISTURBED_SPREAD_TO_MEDIAN), the rounds are run again (--retries times), and if they stay disturbed the
+measurement is flagged: its fraction of the copy and the speedups from it are not printed,
+plotted or written as results (the JSON keeps its raw times with the flag).
+
 For short kernels (decode-like shapes) each op path's per-call overhead above the kernel is
 reported, and beside op-graph's the overhead of the same calls under torch.compile with
 backend="eager" (what torch.compile itself costs a call of these ops), measured in the same
 rounds: op-graph's overhead includes it.
 
-    attnres-ge bench [--shapes NAME ...] [--dtypes float32 bfloat16] [--providers ...] [--json F] [--plot F]
+    attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--dtypes float32 bfloat16] [--providers ...]
+                     [--rounds R] [--retries K] [--json F] [--plot F]
 """
 
 from __future__ import annotations
@@ -55,6 +63,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 PROVIDERS = ("op-eager", "op-graph", "kernel", "torch-eager", "torch-inductor")
 OUR_PROVIDERS = ("op-eager", "op-graph", "kernel")
 NORM_EPS = 1e-6
+# A paired copy below this fraction of the quiet copy's rate means the host was disturbed during the rounds.
+DISTURBED_COPY_FRACTION = 0.5
+# A provider whose spread (interquartile range) reaches this multiple of its median has no median to speak of.
+DISTURBED_SPREAD_TO_MEDIAN = 1.0
+QUIET_COPIES = 9  # copies that measure the quiet copy rate
+# Written over before each quiet copy, so that it starts from memory as a paired copy does (after a provider's
+# call): larger than the last-level cache of common hosts.
+EVICT_BYTES = 128 << 20
 
 
 @dataclass
@@ -71,6 +87,13 @@ class Measurement:
     copy_gbps: float  # the paired copy's (bytes read + written) / its median time
     fraction_of_copy: float
     page_faults_per_call: float
+    quiet_copy_gbps: float = 0.0  # the copy alone, back to back, just before the rounds
+    attempts: int = 1  # times the rounds were run (more than one: earlier ones were disturbed)
+    disturbed: str = ""  # why the measurement is not to be trusted; empty when it is
+
+    @property
+    def trusted(self) -> bool:
+        return not self.disturbed
 
 
 # ---------------------------------------------------------------------------- formulas
@@ -237,13 +260,41 @@ def _spread(times: list[float]) -> float:
     return quartiles[2] - quartiles[0]
 
 
-def measure(shape_name: str, dtype_name: str, providers, rounds: int, log=print) -> list[Measurement]:
-    shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
+def quiet_copy_gbps(copy: Callable[[], object], copy_bytes: int) -> float:
+    """The copy's rate timed alone, from memory (the caches flushed before each), the fastest of a few: the
+    host at its quietest, as the paired copies would see it without anything else running."""
+    evict = torch.empty(EVICT_BYTES, dtype=torch.uint8)
+    times = []
+    for _ in range(QUIET_COPIES):
+        evict.fill_(1)
+        start = time.perf_counter()
+        copy()
+        times.append(time.perf_counter() - start)
+    return copy_bytes / min(times) / 1e9
+
+
+def disturbance(call_times: list[float], copy_gbps: float, quiet_gbps: float) -> str:
+    """Why rounds with these call times and this paired copy rate cannot be trusted; "" when they can."""
+    reasons = []
+    if copy_gbps < DISTURBED_COPY_FRACTION * quiet_gbps:
+        reasons.append(f"paired copy {copy_gbps:.1f} GB/s, under {DISTURBED_COPY_FRACTION:.0%} of the quiet "
+                       f"copy's {quiet_gbps:.1f} GB/s")
+    median, spread = statistics.median(call_times), _spread(call_times)
+    if spread >= DISTURBED_SPREAD_TO_MEDIAN * median:
+        reasons.append(f"spread {spread * 1e3:.3g} ms against a median of {median * 1e3:.3g} ms")
+    return "; ".join(reasons)
+
+
+def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, providers, rounds: int, retries: int = 2,
+            log=print) -> list[Measurement]:
+    """Every provider's forward, then backward, timed in shared rounds; rounds run again while disturbed."""
+    dtype = DTYPES[dtype_name]
     case = Case(shape, dtype)
     tokens, blocks, hidden = shape
     source = torch.randn(tokens * (blocks + 1) * hidden).to(dtype)  # the value stack's size
     target = torch.empty_like(source)
     copy_bytes = 2 * source.nbytes
+    copy = functools.partial(target.copy_, source)
     available = {}
     for provider in providers:
         try:
@@ -251,27 +302,46 @@ def measure(shape_name: str, dtype_name: str, providers, rounds: int, log=print)
         except Exception as error:  # e.g. inductor without a compiler: report, keep going
             log(f"  {provider}: unavailable ({type(error).__name__}: {error})")
     results = []
+    quiet = 0.0
     for direction in ("forward", "backward"):
         calls = {provider: both[direction] for provider, both in available.items()}
-        timed = time_rounds(calls, lambda: target.copy_(source), rounds)
-        for provider, (call_times, copy_times, faults) in timed.items():
-            median, copy_median = statistics.median(call_times), statistics.median(copy_times)
-            traffic = case.traffic(direction)
-            copy_gbps = copy_bytes / copy_median / 1e9
+        for attempt in range(1, retries + 2):
+            quiet = max(quiet, quiet_copy_gbps(copy, copy_bytes))  # the quietest the host was seen this case
+            timed = time_rounds(calls, copy, rounds)
+            rows = {}
+            for provider, (call_times, copy_times, faults) in timed.items():
+                copy_gbps = copy_bytes / statistics.median(copy_times) / 1e9
+                rows[provider] = (call_times, copy_gbps, faults, disturbance(call_times, copy_gbps, quiet))
+            disturbed = [f"{provider}: {row[3]}" for provider, row in rows.items() if row[3]]
+            if not disturbed:
+                break
+            log(f"  {direction} rounds disturbed (attempt {attempt} of {retries + 1}): " + " | ".join(disturbed))
+        traffic = case.traffic(direction)
+        for provider, (call_times, copy_gbps, faults, reason) in rows.items():
+            median = statistics.median(call_times)
             gbps = traffic / median / 1e9
-            results.append(Measurement(shape_name, dtype_name, provider, direction, median * 1e3,
-                                       _spread(call_times) * 1e3, min(call_times) * 1e3, traffic, gbps, copy_gbps,
-                                       gbps / copy_gbps, faults))
-            log(f"  {provider:<15} {direction:<8} {median * 1e3:9.3f} ms ±{_spread(call_times) * 1e3:7.3f}  "
-                f"{gbps:6.1f} GB/s  {gbps / copy_gbps:6.1%} of copy ({copy_gbps:.1f} GB/s)  "
-                f"{faults:9.0f} faults/call")
+            measurement = Measurement(shape_name, dtype_name, provider, direction, median * 1e3,
+                                      _spread(call_times) * 1e3, min(call_times) * 1e3, traffic, gbps, copy_gbps,
+                                      gbps / copy_gbps, faults, quiet, attempt, reason)
+            results.append(measurement)
+            log("  " + describe(measurement))
     return results
 
 
+def describe(m: Measurement) -> str:
+    """One result line; a disturbed measurement shows its times and why, never a fraction of the copy."""
+    times = f"{m.provider:<15} {m.direction:<8} {m.median_ms:9.3f} ms ±{m.spread_ms:7.3f}"
+    if not m.trusted:
+        return f"{times}  DISTURBED, not a result: {m.disturbed}"
+    return (f"{times}  {m.gbps:6.1f} GB/s  {m.fraction_of_copy:6.1%} of copy ({m.copy_gbps:.1f} GB/s paired, "
+            f"{m.quiet_copy_gbps:.1f} quiet)  {m.page_faults_per_call:9.0f} faults/call")
+
+
 def speedups(results: list[Measurement]) -> list[dict]:
-    """Every provider's median against every other's, per shape, dtype and direction."""
+    """Every provider's median against every other's, per shape, dtype and direction; only between trusted
+    measurements (see `disturbance`)."""
     rows = []
-    keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results}
+    keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results if m.trusted}
     for (shape, dtype, direction, provider), measurement in keyed.items():
         for other in PROVIDERS:
             baseline = keyed.get((shape, dtype, direction, other))
@@ -286,7 +356,8 @@ OVERHEAD_ROUNDS = 1001
 COMPILED_EAGER = "compiled-eager"  # torch.compile(backend="eager") of the op-eager calls
 
 
-def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) -> list[dict]:
+def call_overheads(results: list[Measurement], shapes: dict[str, tuple[int, int, int]],
+                   rounds: int = OVERHEAD_ROUNDS) -> list[dict]:
     """Per-call time of each op path above the bare kernel, in microseconds, for every (shape, dtype) whose
     kernel is short enough (decode-like shapes) for the overhead to matter.
 
@@ -302,10 +373,10 @@ def call_overheads(results: list[Measurement], rounds: int = OVERHEAD_ROUNDS) ->
     frame handling) costs a call of these ops; op-graph's overhead includes it."""
     keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results}
     short = sorted({(m.shape, m.dtype) for m in results
-                    if m.provider == "kernel" and m.median_ms < OVERHEAD_KERNEL_MS})
+                    if m.provider == "kernel" and m.trusted and m.median_ms < OVERHEAD_KERNEL_MS})
     rows = []
     for shape, dtype in short:
-        case = Case(SHAPES[shape], DTYPES[dtype])
+        case = Case(shapes[shape], DTYPES[dtype])
         source = torch.randn(case.inputs[1].numel()).to(DTYPES[dtype])
         copy = functools.partial(torch.empty_like(source).copy_, source)
         paths = [name for name in ("op-eager", "op-graph") if (shape, dtype, "forward", name) in keyed]
@@ -343,8 +414,26 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
     return differences
 
 
+def isa_path() -> str:
+    """The SIMD path the native kernels run ("unknown" when they do not say, "none" without them)."""
+    try:
+        from .op_kernel import native
+    except ImportError:
+        return "none"
+    path = getattr(native, "isa_path", None)
+    return path() if callable(path) else "unknown"
+
+
+def kernel_threads() -> int:
+    """Threads the kernels split a large call over: the host profile's usable cores."""
+    from .op_host.platform import host_profile
+
+    return host_profile().vector_core_num
+
+
 def machine() -> dict:
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "kernel_threads": kernel_threads(), "isa_path": isa_path(),
             "machine": host_platform.machine(), "processor": host_platform.processor()}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -364,8 +453,13 @@ def machine() -> dict:
     return info
 
 
+BASELINES = ("torch-eager", "torch-inductor")
+
+
 def plot(results: list[Measurement], path: str) -> bool:
-    """A PNG bar chart of the fraction of paired copy; False when matplotlib is missing."""
+    """A PNG, one row per (shape, dtype): milliseconds of every provider, our providers' speedup over
+    torch-eager and inductor, and the fraction of the paired copy; disturbed measurements are left out
+    (their bars are missing and marked). False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -373,52 +467,125 @@ def plot(results: list[Measurement], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    groups = sorted({(m.shape, m.dtype) for m in results})
-    figure, axes = plt.subplots(len(groups), 1, figsize=(10, 3.2 * len(groups)), squeeze=False)
-    for axis, (shape, dtype) in zip(axes[:, 0], groups, strict=True):
-        labels, values = [], []
-        for m in results:
-            if (m.shape, m.dtype) == (shape, dtype):
-                labels.append(f"{m.provider}\n{m.direction}")
-                values.append(100 * m.fraction_of_copy)
-        axis.bar(range(len(values)), values, color=["C0" if "backward" not in x else "C1" for x in labels])
-        axis.set_xticks(range(len(values)), labels, fontsize=7)
-        axis.axhline(100, color="grey", linewidth=0.8, linestyle="--")
-        axis.set_ylabel("% of paired copy")
-        axis.set_title(f"{shape} {dtype}")
+    groups = list(dict.fromkeys((m.shape, m.dtype) for m in results))
+    figure, axes = plt.subplots(len(groups), 3, figsize=(16, 3.6 * len(groups)), squeeze=False)
+    for row, (shape, dtype) in zip(axes, groups, strict=True):
+        group = [m for m in results if (m.shape, m.dtype) == (shape, dtype)]
+        _bars(row[0], group, lambda m: m.median_ms, "median ms (log)", log=True)
+        row[0].set_title(f"{shape} {dtype}: time per call")
+        _speedup_bars(row[1], group)
+        row[1].set_title(f"{shape} {dtype}: speedup of our ops")
+        _bars(row[2], [m for m in group if m.provider in OUR_PROVIDERS], lambda m: 100 * m.fraction_of_copy,
+              "% of paired copy")
+        row[2].axhline(100, color="grey", linewidth=0.8, linestyle="--")
+        row[2].set_title(f"{shape} {dtype}: fraction of the paired copy")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def _bars(axis, measurements: list[Measurement], value: Callable[[Measurement], float], label: str,
+          log: bool = False) -> None:
+    """Forward and backward bars side by side per provider; a disturbed measurement shows as a red 'x'."""
+    providers = list(dict.fromkeys(m.provider for m in measurements))
+    for offset, direction, color in ((-0.2, "forward", "C0"), (0.2, "backward", "C1")):
+        for index, provider in enumerate(providers):
+            found = [m for m in measurements if (m.provider, m.direction) == (provider, direction)]
+            if not found:
+                continue
+            if found[0].trusted:
+                axis.bar(index + offset, value(found[0]), width=0.4, color=color,
+                         label=direction if index == 0 else None)
+            else:  # at the foot of the axis whatever its scale
+                axis.text(index + offset, 0.02, "x", color="red", ha="center", transform=axis.get_xaxis_transform())
+    axis.set_xticks(range(len(providers)), providers, fontsize=8)
+    axis.set_ylabel(label)
+    if log:
+        axis.set_yscale("log")
+    axis.legend(fontsize=7)
+
+
+def _speedup_bars(axis, measurements: list[Measurement]) -> None:
+    """Each of our providers' speedup over each PyTorch baseline, forward and backward (trusted pairs only)."""
+    keyed = {(m.provider, m.direction): m for m in measurements if m.trusted}
+    labels, values, colors = [], [], []
+    for provider in OUR_PROVIDERS:
+        for baseline in BASELINES:
+            for direction, color in (("forward", "C0"), ("backward", "C1")):
+                ours, theirs = keyed.get((provider, direction)), keyed.get((baseline, direction))
+                if ours is not None and theirs is not None:
+                    labels.append(f"{provider}\nvs {baseline.removeprefix('torch-')}\n{direction[:3]}")
+                    values.append(theirs.median_ms / ours.median_ms)
+                    colors.append(color)
+    axis.bar(range(len(values)), values, color=colors)
+    for index, speedup in enumerate(values):
+        axis.annotate(f"{speedup:.1f}x", (index, speedup), ha="center", va="bottom", fontsize=7)
+    axis.set_xticks(range(len(values)), labels, fontsize=6)
+    axis.axhline(1, color="grey", linewidth=0.8, linestyle="--")
+    axis.set_ylabel("speedup (x)")
+
+
+def named_shape(text: str) -> tuple[str, tuple[int, int, int]]:
+    """`T,N,H` -> ("T{T}_N{N}_H{H}", (T, N, H)); the forward needs T, N and H of at least 1."""
+    from .cli import parse_shape
+
+    tokens, blocks, hidden = parse_shape(text)
+    if min(tokens, blocks, hidden) < 1:
+        raise argparse.ArgumentTypeError(f"bench --shape needs T, N and H of at least 1, got {text!r}")
+    return f"T{tokens}_N{blocks}_H{hidden}", (tokens, blocks, hidden)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
-    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS))
-    parser.add_argument("--rounds", type=int, default=0, help="timed pairs per measurement (default: by shape)")
+    parser.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES), metavar="NAME",
+                        help=f"named shapes to time: {', '.join(SHAPES)} (default: all, unless --shape is given)")
+    parser.add_argument("--shape", action="append", type=named_shape, default=[], metavar="T,N,H",
+                        help="a shape of your own (tokens, blocks, hidden); repeat for several")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES),
+                        help="dtypes to time (default: float32 bfloat16)")
+    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS),
+                        metavar="PROVIDER", help=f"what to time: {', '.join(PROVIDERS)} (default: all)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="timed rounds per measurement (default: 7 for large shapes, 101 for small ones)")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="times disturbed rounds are run again before the measurement is flagged (default: 2)")
+    parser.add_argument("--overhead-rounds", type=int, default=OVERHEAD_ROUNDS,
+                        help=f"paired rounds for the per-call overheads of short kernels (default: {OVERHEAD_ROUNDS})")
     parser.add_argument("--json", metavar="FILE", help="write the measurements, speedups and machine here")
-    parser.add_argument("--plot", metavar="FILE", help="write a PNG bar chart here (needs matplotlib)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--plot", metavar="FILE",
+                        help="write a PNG here: milliseconds, speedup over PyTorch and %% of copy (needs matplotlib)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    shapes = {name: SHAPES[name] for name in (args.shapes or ([] if args.shape else list(SHAPES)))}
+    shapes.update(args.shape)
 
     import attnres_ge  # noqa: F401  (registers the torch ops)
 
     results = []
     about = machine()
+    print(f"kernels: {about['kernels']}, ISA path {about['isa_path']}, {about['kernel_threads']} kernel threads, "
+          f"{about['torch_threads']} torch threads")
     print(f"machine: {about}")
-    for shape_name in args.shapes:
-        tokens, blocks, hidden = SHAPES[shape_name]
+    for shape_name, shape in shapes.items():
+        tokens, blocks, hidden = shape
         rounds = args.rounds or (7 if tokens * blocks * hidden >= 1 << 24 else 101)
         for dtype_name in args.dtypes:
             print(f"{shape_name} {dtype_name} ({rounds} rounds)")
-            results += measure(shape_name, dtype_name, args.providers, rounds)
+            results += measure(shape_name, shape, dtype_name, args.providers, rounds, args.retries)
     ratios = speedups(results)
     for row in ratios:
         if row["provider"] in OUR_PROVIDERS and row["against"] not in OUR_PROVIDERS:
             print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} "
                   f"{row['speedup']:.2f}x vs {row['against']}")
-    overheads = call_overheads(results)
+    flagged = [m for m in results if not m.trusted]
+    if flagged:
+        print(f"{len(flagged)} measurement(s) stayed disturbed after {args.retries} rerun(s) and are not results: "
+              + ", ".join(f"{m.shape} {m.dtype} {m.provider} {m.direction}" for m in flagged))
+    overheads = call_overheads(results, shapes, args.overhead_rounds)
     for row in overheads:
         label = "torch.compile(backend='eager') of op-eager" if row["provider"] == COMPILED_EAGER else row["provider"]
         print(f"  {row['shape']} {row['dtype']} {row['direction']}: {label} costs "
@@ -426,8 +593,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['overhead_cold_us']:.1f} us after a copy")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": about, "results": [asdict(m) for m in results], "speedups": ratios,
-                       "overheads": overheads}, handle, indent=1)
+            json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
+                       "speedups": ratios, "overheads": overheads}, handle, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")

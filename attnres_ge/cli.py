@@ -10,7 +10,7 @@ import torch
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _shape(text: str) -> tuple[int, int, int]:
+def parse_shape(text: str) -> tuple[int, int, int]:
     try:
         tokens, blocks, hidden = (int(part) for part in text.split(","))
     except ValueError:
@@ -38,7 +38,7 @@ def cmd_train(args) -> int:
 def cmd_tiling(args) -> int:
     from .op_host import block_attention_residuals_grad_tiling as grad_tiling
     from .op_host import block_attention_residuals_tiling as forward_tiling
-    from .op_host.platform import PlatformInfo, profile_by_name
+    from .op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
 
     tokens, blocks, hidden = args.shape
     profile = profile_by_name(args.soc)
@@ -55,6 +55,10 @@ def cmd_tiling(args) -> int:
     print(f"platform       {profile.soc}: {profile.vector_core_num} vector cores, {profile.ub_size} bytes buffer each"
           + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
     print(f"shape          T={tokens} N={blocks} H={hidden} {args.dtype}")
+    if profile.soc == HOST_SOC:
+        from .bench import isa_path
+
+        print(f"kernel path    {isa_path()} ({profile.vector_core_num} threads at most)")
     print(result.describe())
     return 0
 
@@ -72,21 +76,25 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="one layer checked against float64, then eager vs graph training")
-    demo.add_argument("--steps", type=int, default=8, help="training steps per mode")
+    demo.add_argument("--steps", type=int, default=8, help="training steps per mode (default: 8)")
     demo.set_defaults(run=cmd_demo)
 
     train = commands.add_parser("train", help="train the example model in eager and graph mode, side by side")
-    train.add_argument("--steps", type=int, default=8)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=8, help="training steps per mode (default: 8)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the model's weights and data (default: 0)")
     train.set_defaults(run=cmd_train)
 
     tiling = commands.add_parser("tiling", help="print the tiling decision for one shape")
-    tiling.add_argument("--op", choices=("forward", "backward"), required=True)
-    tiling.add_argument("--soc", default="host", help="Ascend910B2 or host (default)")
-    tiling.add_argument("--shape", type=_shape, required=True, metavar="T,N,H")
-    tiling.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tiling.add_argument("--op", choices=("forward", "backward"), required=True,
+                        help="BlockAttentionResiduals (forward) or BlockAttentionResidualsGrad (backward)")
+    tiling.add_argument("--soc", default="host",
+                        help="platform profile: host (this CPU: its usable cores and L2 per core; default) "
+                        "or Ascend910B2")
+    tiling.add_argument("--shape", type=parse_shape, required=True, metavar="T,N,H",
+                        help="tokens, blocks and hidden size, e.g. 4096,8,2048")
+    tiling.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the value inputs")
     tiling.add_argument("--need-backward", action="store_true", help="forward: also write inv_norm and probs")
-    tiling.add_argument("--norm-eps", type=float, default=1e-6)
+    tiling.add_argument("--norm-eps", type=float, default=1e-6, help="the RMS norm's epsilon (default: 1e-6)")
     tiling.add_argument("--cold", action="store_true", help="platform handle empty at TilingParse (cold start)")
     tiling.set_defaults(run=cmd_tiling)
 
@@ -94,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("bench", help="speed against a paired copy and PyTorch (see attnres-ge bench -h)")
 
     export = commands.add_parser("export-proto", help="write the REG_OP header and msopgen JSON")
-    export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument("--out", required=True, metavar="DIR", help="folder to write the two files into")
     export.set_defaults(run=cmd_export_proto)
     return parser
 

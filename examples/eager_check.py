@@ -70,7 +70,7 @@ def main() -> int:
     print(f"Block AttnRes, one layer, eager: T={TOKENS} N={BLOCKS} H={HIDDEN}, against a float64 reference")
     ok = all([check_dtype(dtype, generator) for dtype in TOLERANCES])
     print_tilings(torch.float32)
-    print("all within SPEC.md tolerances" if ok else "SOME CHECKS FAILED")
+    print("all within the tolerances of docs/contract.md" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 
 

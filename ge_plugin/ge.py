@@ -1,4 +1,4 @@
-"""A GE graph-building API with torchair's shape, writing `ge.proto` GraphDefs (GE_IR.md).
+"""A GE graph-building API with torchair's shape, writing `ge.proto` GraphDefs (ge_ir.proto).
 
     with Graph("demo") as graph:
         x = Data(index=0, dtype=torch.float32, shape=[-1, 8])

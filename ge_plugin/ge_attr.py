@@ -2,7 +2,7 @@
 
     ge.custom_op(..., attrs={"norm_eps": attr.Float(1e-6), "need_backward": attr.Bool(True)})
 
-Each wrapper knows which `AttrDef` field GE stores it in (GE_IR.md): Int -> i, Float -> f,
+Each wrapper knows which `AttrDef` field GE stores it in (ge_ir.proto): Int -> i, Float -> f,
 Bool -> b, Str -> s, DataType -> dt, lists -> `list` with `val_type` set. `kind` is the
 prototype's name for the type, so `custom_op` can check a value against the prototype.
 """

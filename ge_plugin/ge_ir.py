@@ -1,4 +1,4 @@
-"""The `ge.proto` messages (GE_IR.md), loaded into a descriptor pool of this package's own.
+"""The `ge.proto` messages (ge_ir.proto), loaded into a descriptor pool of this package's own.
 
 `ge_ir_pb2.py` is protoc's output for `ge_ir.proto`, committed unedited (the command that
 regenerates it is at the top of the .proto). Importing a generated module registers its

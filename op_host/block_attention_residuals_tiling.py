@@ -33,12 +33,9 @@ OP_TYPE = "BlockAttentionResiduals"
 FLOAT32_BYTES = 4
 TOKEN_SCALARS = 3  # inv_norm, score, prob per row
 # The host's buffer is its L2, a cache rather than a scratchpad: the second pass re-reads a
-# block's rows from it and prefetches the next block's while it computes. Blocks of one token
-# (its rows the freshest in cache, the next token's arriving during the second pass) measured
-# faster than as many as fit in L2 on a 2-core EPYC VM, float32 N=8, fraction of the paired
-# copy (means of 4 paired runs): T=4096 H=2048 90-91% against 85-86% with 5 tokens, T=1024
-# H=4096 79% against 76% with 2, T=256 H=4096 77% against 71% with 2, T=16 the same; 16-bit
-# dtypes the same within noise (bfloat16 T=4096 76% against 75% with 4).
+# block's rows from it and prefetches the next block's while it computes. With one token per
+# loop its rows are the freshest in cache when re-read, and the next token's arrive during the
+# second pass (measurements: docs/performance.md).
 HOST_TOKENS_PER_LOOP = 1
 
 

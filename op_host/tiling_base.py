@@ -1,6 +1,6 @@
 """What both ops' host sides share: compile info, tiling records, core-count resolution.
 
-The cold-start contract (SPEC.md, "Tiling contract"):
+The cold-start contract (docs/contract.md, "Tiling and the cold start"):
   * TilingParse checks the platform handle is present and records nothing the
     runtime may not have filled yet: never the core count.
   * Tiling reads the vector-core count and buffer size when it runs. A 0 is

@@ -25,7 +25,7 @@ def block_attention_residuals_reference(
     return hidden_states, inv_norm, probs
 
 
-# SPEC.md's tolerances against the float64 reference: dtype -> (rtol, atol).
+# The tolerances of docs/contract.md against the float64 reference: dtype -> (rtol, atol).
 TOLERANCES = {
     torch.float32: (1e-4, 1e-5),
     torch.float16: (1e-3, 1e-3),

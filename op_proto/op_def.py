@@ -42,7 +42,7 @@ class TensorArg:
 
     name: str
     dtypes: tuple[torch.dtype, ...]
-    layout: str  # the shape in SPEC.md's letters, e.g. "[T, N, H]"
+    layout: str  # the shape in docs/contract.md's letters, e.g. "[T, N, H]"
     presence: str = "required"  # "required" | "optional" | "dynamic"
 
 
@@ -155,7 +155,7 @@ class OpPrototype:
 
     `infer_data_type(inputs, attrs, where)` returns {output name: dtype};
     `infer_shape(inputs, attrs, where)` returns {output name: shape}. Both
-    raise AttnResInputError for anything SPEC.md rejects.
+    raise AttnResInputError for anything docs/contract.md rejects.
     """
 
     op_type: str

@@ -81,7 +81,7 @@ def reference_with_grads(inputs, grad_hidden, norm_eps=1e-6):
 
 
 def assert_close_to_reference(name, actual, expected, dtype):
-    """Within SPEC.md's tolerance for `dtype` (float32 statistics always at float32 tolerance)."""
+    """Within docs/contract.md's tolerance for `dtype` (float32 statistics always at float32 tolerance)."""
     error, past = max_violation(actual, expected, dtype, whole_tensor=name in WEIGHT_GRADS)
     assert past <= 0, f"{name} ({dtype}) drifted from the float64 reference: max |err| {error:.3e}, over by {past:.3e}"
 

@@ -129,6 +129,12 @@ def test_cli_tiling_prints_the_decision(capsys, monkeypatch):
     assert "workspace_size 524288 bytes" in out and "re-queried at Tiling" in out
 
 
+def test_cli_tiling_on_the_host_names_the_kernel_path(capsys):
+    assert main(["tiling", "--op", "forward", "--shape", "64,4,256"]) == 0
+    out = capsys.readouterr().out
+    assert "platform       host-cpu" in out and "kernel path    " in out
+
+
 def test_cli_tiling_reports_bad_arguments(capsys):
     assert main(["tiling", "--op", "forward", "--soc", "tpu9", "--shape", "1,1,1"]) == 2
     assert "unknown platform profile 'tpu9'; known: ['host']" in capsys.readouterr().err
@@ -149,5 +155,5 @@ def test_cli_demo_runs_as_installed_command():
     result = subprocess.run([sys.executable, "-m", "attnres_ge.cli", "demo"], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "all within SPEC.md tolerances" in result.stdout
+    assert "all within the tolerances of docs/contract.md" in result.stdout
     assert result.stdout.count(" ok") == 15

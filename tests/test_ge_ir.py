@@ -1,4 +1,4 @@
-"""The ge.proto messages: names, field numbers and types of GE_IR.md; round trips; unknown fields survive."""
+"""The ge.proto messages: GE's names, field numbers and types; round trips; unknown fields survive."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from attnres_ge.ge_plugin import ge_ir
 
 REPEATED = "repeated"
 
-# (message, field) -> (number, type, repeated?) straight from GE_IR.md's table.
+# (message, field) -> (number, type, repeated?) as GE's ge.proto declares them.
 EXPECTED_FIELDS = {
     ("ShapeDef", "dim"): (1, F.TYPE_INT64, True),
     ("TensorDescriptor", "name"): (1, F.TYPE_STRING, False),

@@ -1,4 +1,4 @@
-"""The local `ge` graph-building API and the converters: nodes written as GE_IR.md says; misuse caught."""
+"""The local `ge` graph-building API and the converters: nodes written as GE's ge.proto says; misuse caught."""
 
 from __future__ import annotations
 

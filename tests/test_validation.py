@@ -1,4 +1,4 @@
-"""Every validation rule of SPEC.md, at the eager call and under torch.compile, with its message."""
+"""Every validation rule of docs/contract.md, at the eager call and under torch.compile, with its message."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def test_node_matches_prototype(captured):
 
 
 def test_dtypes_follow_spec(captured):
-    """hidden_states in the dtype of partial_block; inv_norm and probs float32 (SPEC.md)."""
+    """hidden_states in the dtype of partial_block; inv_norm and probs float32 (docs/contract.md)."""
     graph, op, inputs, _ = captured
     dtype = inputs[0].dtype
     assert [desc.dtype for desc in op.input_desc] == [TORCH_TO_PROTO_DTYPE[dtype]] * 4
