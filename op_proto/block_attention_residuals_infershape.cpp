@@ -66,8 +66,9 @@ bool CheckAttrs(const ForwardAttrs &attrs, int64_t blocks)
                 static_cast<double>(attrs.normEps));
         return false;
     }
-    // With N unknown (-1) only -1 passes, as in the Python prototype.
-    if (attrs.validBlockNum != VALID_BLOCK_NUM_ALL && attrs.validBlockNum != blocks) {
+    // An unknown N (-1) is checked when the shape is known, as in the Python prototype.
+    const bool blocksKnown = blocks >= 0;
+    if (attrs.validBlockNum != VALID_BLOCK_NUM_ALL && blocksKnown && attrs.validBlockNum != blocks) {
         OP_LOGE(OP_TYPE, "[InferShape] attribute valid_block_num is reserved and must be -1 or N = %ld, got %ld",
                 blocks, attrs.validBlockNum);
         return false;
