@@ -39,6 +39,7 @@ def cmd_tiling(args) -> int:
     from .op_host import block_attention_residuals_grad_tiling as grad_tiling
     from .op_host import block_attention_residuals_tiling as forward_tiling
     from .op_host.platform import PlatformInfo, profile_by_name
+    from .op_kernel import describe_implementation
 
     tokens, blocks, hidden = args.shape
     profile = profile_by_name(args.soc)
@@ -55,6 +56,7 @@ def cmd_tiling(args) -> int:
     print(f"platform       {profile.soc}: {profile.vector_core_num} vector cores, {profile.ub_size} bytes buffer each"
           + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
     print(f"shape          T={tokens} N={blocks} H={hidden} {args.dtype}")
+    print(f"cpu kernels    {describe_implementation()} (this host)")
     print(result.describe())
     return 0
 

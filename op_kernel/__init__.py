@@ -170,6 +170,16 @@ def active_implementation() -> str:
     return KERNELS.implementation
 
 
+def describe_implementation() -> str:
+    """What runs the kernels, for people: "native, avx512bf16 path" (the native kernels' instruction
+    set, see native.isa_path) or "python"."""
+    if active_implementation() == "python":
+        return "python"
+    from . import native
+
+    return f"native, {native.isa_path()} path"
+
+
 __all__ = [
     "KERNELS",
     "KERNEL_ENV",
@@ -177,6 +187,7 @@ __all__ = [
     "active_implementation",
     "block_attention_residuals_grad_kernel",
     "block_attention_residuals_kernel",
+    "describe_implementation",
     "get_kernels",
     "native_available",
 ]
