@@ -58,17 +58,13 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, c
       for (int j = 0; j < K; ++j) prefetch(next_v[r0 + j] + h);
     }
     for (int j = 0; j < K; ++j) {
+      V16 grad[kGroups];
       for (int g = 0; g < kGroups; ++g) {
-        const int64_t at = h + g * kLanes;
-        const V16 value = vload(v[r0 + j] + at);
-        const V16 grad = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
-        if (kStream) {
-          vstream(gv[r0 + j] + at, grad);
-        } else {
-          vstore(gv[r0 + j] + at, grad);
-        }
+        const V16 value = vload(v[r0 + j] + h + g * kLanes);
+        grad[g] = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
         acc[g] = vfma(a_v[j], value, acc[g]);
       }
+      store_line<kStream>(gv[r0 + j] + h, grad);
     }
     for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
   }

@@ -35,13 +35,7 @@ inline void weighted_sum_groups(const T* const* rows, const T* const* next_rows,
     const V16 pi = vset(p[i]);
     for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
   }
-  for (int g = 0; g < G; ++g) {
-    if (kStream) {
-      vstream(out + h + g * kLanes, acc[g]);
-    } else {
-      vstore(out + h + g * kLanes, acc[g]);
-    }
-  }
+  store_groups<G, kStream>(out + h, acc);
 }
 
 // The same for the last, partial group of n < 16 elements.

@@ -1,5 +1,7 @@
-// The kernels for AVX-512 (F, BW, VL, DQ) with AVX512-BF16 conversions to bfloat16:
-// attnres::avx512bf16::forward/backward. Only what follows the pragma is compiled for those
+// The kernels for AVX2 + FMA + F16C with AVX512-BF16 conversions to bfloat16 (which need
+// AVX-512 F, BW, VL and DQ): attnres::avx512bf16::forward/backward. The arithmetic stays on
+// 256-bit registers, which measured faster than 512-bit ones for the bfloat16 backward
+// (docs/kernels.md, performance notes). Only what follows the pragma is compiled for those
 // instructions (isa_common.h says why); dispatch.cpp calls it only on a CPU that has them.
 
 #include "isa_common.h"
@@ -7,10 +9,10 @@
 #if ATTNRES_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#define ATTNRES_AVX512_BF16 1
+#define ATTNRES_AVX2_BF16 1
 namespace attnres {
 namespace avx512bf16 {
-#include "simd_avx512.h"
+#include "simd_avx2.h"
 #include "kernel_loops.h"
 #include "forward_kernel.h"
 #include "backward_kernel.h"

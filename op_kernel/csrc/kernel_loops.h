@@ -25,6 +25,38 @@ inline void parallel_tasks(int64_t tasks, int max_threads, const Body& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
+// One 64-byte line of a row from its groups: two for the 16-bit types (converted together
+// where the instruction set can), one for float32.
+template <bool kStream, typename T>
+inline void store_line(T* p, const V16* groups) {
+  if constexpr (sizeof(T) == 2) {
+    if (kStream) {
+      vstream_pair(p, groups[0], groups[1]);
+    } else {
+      vstore_pair(p, groups[0], groups[1]);
+    }
+  } else if (kStream) {
+    vstream(p, groups[0]);
+  } else {
+    vstore(p, groups[0]);
+  }
+}
+
+// G consecutive groups, a line at a time.
+template <int G, bool kStream, typename T>
+inline void store_groups(T* p, const V16* groups) {
+  constexpr int kPerLine = sizeof(T) == 2 ? 2 : 1;
+  int g = 0;
+  for (; g + kPerLine <= G; g += kPerLine) store_line<kStream>(p + g * kLanes, groups + g);
+  for (; g < G; ++g) {
+    if (kStream) {
+      vstream(p + g * kLanes, groups[g]);
+    } else {
+      vstore(p + g * kLanes, groups[g]);
+    }
+  }
+}
+
 // A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
 template <typename T>
 inline V16 vload_partial(const T* p, int64_t n) {

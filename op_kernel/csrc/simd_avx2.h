@@ -1,5 +1,6 @@
 // V16, the 16 float32 lanes, with AVX2, FMA and F16C: two 8-wide registers. Included by
-// isa_avx2.cpp inside its namespace, after its target pragma.
+// isa_avx2.cpp and isa_avx512bf16.cpp inside their namespaces, after their target pragmas;
+// ATTNRES_AVX2_BF16 (1 or 0) says whether AVX512-BF16 converts to bfloat16.
 
 struct V16 {
   __m256 lo, hi;
@@ -46,9 +47,27 @@ inline __m256i bf16_high_bits(__m256 x) {
 }
 
 // The inverse of vload(const BF16*): even elements from lo, odd from hi, in memory order.
-inline __m256i pack_bf16(V16 v) {
+inline __m256i pack_bf16_integer(V16 v) {
   return _mm256_blend_epi16(_mm256_srli_epi32(bf16_high_bits(v.lo), 16), bf16_high_bits(v.hi), 0xaa);
 }
+
+#if ATTNRES_AVX2_BF16
+// With AVX512-BF16 (and VL, DQ) on these 256-bit registers: vcvtneps2bf16 rounds to nearest
+// even like from_float<BF16>, but flushes subnormal inputs to zero and keeps a NaN's sign and
+// payload; a group holding either (vfpclassps: quiet or signalling NaN, subnormal) takes the
+// integer rounding instead, so the bits never differ. The 8 even and 8 odd elements are
+// then interleaved into memory order.
+inline __m256i pack_bf16(V16 v) {
+  constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;
+  if ((_mm256_fpclass_ps_mask(v.lo, kNanOrSubnormal) | _mm256_fpclass_ps_mask(v.hi, kNanOrSubnormal)) != 0) {
+    return pack_bf16_integer(v);
+  }
+  const __m128i even = (__m128i)_mm256_cvtneps_pbh(v.lo), odd = (__m128i)_mm256_cvtneps_pbh(v.hi);
+  return _mm256_set_m128i(_mm_unpackhi_epi16(even, odd), _mm_unpacklo_epi16(even, odd));
+}
+#else
+inline __m256i pack_bf16(V16 v) { return pack_bf16_integer(v); }
+#endif
 
 inline __m256i pack_fp16(V16 v) {
   return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
@@ -70,6 +89,18 @@ inline void vstream(float* p, V16 v) {
 }
 inline void vstream(BF16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(v)); }
 inline void vstream(FP16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(v)); }
+// Two consecutive groups (32 elements of a 16-bit type).
+template <typename T>
+inline void vstore_pair(T* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+template <typename T>
+inline void vstream_pair(T* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+
 inline void stream_fence() { _mm_sfence(); }
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

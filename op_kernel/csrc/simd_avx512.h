@@ -1,6 +1,5 @@
 // V16, the 16 float32 lanes, with AVX-512 (F, BW, VL): one 512-bit register. Included by
-// isa_avx512.cpp and isa_avx512bf16.cpp inside their namespaces, after their target
-// pragmas; ATTNRES_AVX512_BF16 (1 or 0) says whether AVX512-BF16 converts to bfloat16.
+// isa_avx512.cpp inside its namespace, after its target pragma.
 // The lanes hold the same elements as on the other instruction sets (lane_element), so
 // every operation gives their bits.
 
@@ -26,13 +25,15 @@ inline float lane_sum(V16 x) {
 
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 
-// bfloat16 in the lane layout of lane_element: lanes 0-7 the even elements (shifted up),
-// lanes 8-15 the odd ones (low half masked off).
+// bfloat16 in the lane layout of lane_element (lanes 0-7 the even elements, 8-15 the odd
+// ones) with one shuffle: word 2l+1 of the result (the high half of lane l) takes element
+// lane_element(l), the low halves are zeroed.
+alignas(64) constexpr uint16_t kBf16LoadWords[32] = {0, 0, 0, 2, 0, 4, 0, 6, 0, 8, 0, 10, 0, 12, 0, 14,
+                                                     0, 1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15};
 inline V16 vload(const BF16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i even = _mm256_slli_epi32(raw, 16);
-  const __m256i odd = _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-  return {_mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(even), odd, 1))};
+  const __m512i raw = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i order = _mm512_load_si512(kBf16LoadWords);
+  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, order, raw))};
 }
 
 inline V16 vload(const FP16* p) {
@@ -43,31 +44,36 @@ inline V16 vload(const FP16* p) {
 // kBf16HighWords picks the high word (the bfloat16) of that lane's 32 bits.
 alignas(64) constexpr uint16_t kBf16HighWords[32] = {1,  17, 3,  19, 5,  21, 7,  23, 9, 25, 11,
                                                      27, 13, 29, 15, 31, 0,  0,  0,  0, 0,  0};
-alignas(32) constexpr uint16_t kBf16Words[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+// The same for two groups: the high words of a's lanes, then of b's (indices 32 and up).
+alignas(64) constexpr uint16_t kBf16PairHighWords[32] = {1,  17, 3,  19, 5,  21, 7,  23, 9,  25, 11,
+                                                         27, 13, 29, 15, 31, 33, 49, 35, 51, 37, 53,
+                                                         39, 55, 41, 57, 43, 59, 45, 61, 47, 63};
 
 // float32 -> bfloat16 by integer rounding, exactly as from_float<BF16>: round to nearest
 // even, NaN to 0x7fc0; the 16 results in memory order.
-inline __m256i pack_bf16_integer(__m512 x) {
+// Each 32-bit lane rounded, its bfloat16 in the high half.
+inline __m512i bf16_rounded_lanes(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
-  const __m512i order = _mm512_load_si512(kBf16HighWords);
-  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, rounded));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
 }
 
-#if ATTNRES_AVX512_BF16
-// vcvtneps2bf16 rounds to nearest even like from_float<BF16>, but flushes denormal inputs
-// to zero and keeps a NaN's sign and payload; a group holding either (vfpclassps: quiet
-// or signalling NaN, denormal) takes the integer path instead, so the bits never differ.
-inline __m256i pack_bf16(V16 x) {
-  if (_mm512_fpclass_ps_mask(x.v, 0x01 | 0x20 | 0x80) != 0) return pack_bf16_integer(x.v);
-  const __m256i converted = (__m256i)_mm512_cvtneps_pbh(x.v);
-  return _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(kBf16Words)), converted);
+inline __m256i pack_bf16_integer(__m512 x) {
+  const __m512i order = _mm512_load_si512(kBf16HighWords);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, bf16_rounded_lanes(x)));
 }
-#else
+
+// Two groups at once: 32 bfloat16 in memory order, a's first.
+inline __m512i pack_bf16_pair_integer(__m512 a, __m512 b) {
+  const __m512i order = _mm512_load_si512(kBf16PairHighWords);
+  return _mm512_permutex2var_epi16(bf16_rounded_lanes(a), order, bf16_rounded_lanes(b));
+}
+
+// Packed by integer rounding: with the arithmetic on 512-bit registers, vcvtneps2bf16 gained
+// nothing measurable (docs/kernels.md).
 inline __m256i pack_bf16(V16 x) { return pack_bf16_integer(x.v); }
-#endif
+inline __m512i pack_bf16_pair(V16 a, V16 b) { return pack_bf16_pair_integer(a.v, b.v); }
 
 inline __m256i pack_fp16(V16 x) { return _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT); }
 
@@ -84,6 +90,23 @@ inline void vstream(float* p, V16 x) {
 }
 inline void vstream(BF16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(x)); }
 inline void vstream(FP16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(x)); }
+
+// Two consecutive groups (32 elements of a 16-bit type). Streaming halves: p is only known to be
+// 32-byte aligned.
+inline void vstore_pair(BF16* p, V16 a, V16 b) { _mm512_storeu_si512(p, pack_bf16_pair(a, b)); }
+inline void vstream_pair(BF16* p, V16 a, V16 b) {
+  const __m512i packed = pack_bf16_pair(a, b);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 16), _mm512_extracti64x4_epi64(packed, 1));
+}
+inline void vstore_pair(FP16* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+inline void vstream_pair(FP16* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
 inline void stream_fence() { _mm_sfence(); }
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

@@ -84,5 +84,17 @@ template <typename T>
 inline void vstream(T* p, V16 v) {
   vstore(p, v);
 }
+// Two consecutive groups (32 elements of a 16-bit type).
+template <typename T>
+inline void vstore_pair(T* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+template <typename T>
+inline void vstream_pair(T* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+
 inline void stream_fence() {}
 inline void prefetch(const void* p) { __builtin_prefetch(p); }
