@@ -2,7 +2,7 @@
 
 Two implementations share one signature per op (tensors, outputs, workspace, tiling record):
 
-  native  C++/OpenMP (op_kernel/csrc, built at install time as `_native`): the fast path
+  native  C++ (op_kernel/csrc, built at install time as `_native`): the fast path
   python  torch ops accumulating in float64 in a fixed order: the oracle
 
 `KERNELS[op_type]` picks, at first use, the one named by the environment variable

@@ -1,4 +1,4 @@
-"""The native (C++/OpenMP) kernels, with the same signatures as the Python kernels.
+"""The native (C++) kernels, with the same signatures as the Python kernels.
 
 `_native` is the extension built at install time from op_kernel/csrc (see setup.py);
 importing this module raises ImportError when it was not built. A tiling record becomes
@@ -11,11 +11,9 @@ already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
-(8 MiB; 4-byte outputs only in the backward, where 16-bit ones measured no gain), which
-would leave the caches before anyone read them anyway: on the 2-core AMD EPYC VM this was
-tuned on, the float32 backward got 10-20% faster and the forward about as fast or a few
-percent faster (docs/kernels.md). ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold;
-a huge N turns them off.
+(8 MiB; 4-byte outputs only in the backward), which would leave the caches before anyone
+read them anyway (docs/kernels.md, performance notes). ATTNRES_GE_STREAM_MIN_BYTES=N
+changes the threshold; a huge N turns them off.
 
 The kernels are compiled for several instruction sets and run on the fastest the CPU has
 (`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import

@@ -1,7 +1,7 @@
 // The kernels for AVX2 + FMA + F16C with AVX512-BF16 conversions to bfloat16 (which need
 // AVX-512 F, BW, VL and DQ): attnres::avx512bf16::forward/backward. The arithmetic stays on
-// 256-bit registers, which measured faster than 512-bit ones for the bfloat16 backward
-// (docs/kernels.md, performance notes). Only what follows the pragma is compiled for those
+// 256-bit registers: 512-bit ones did not make the bfloat16 backward faster (docs/kernels.md,
+// performance notes). Only what follows the pragma is compiled for those
 // instructions (isa_common.h says why); dispatch.cpp calls it only on a CPU that has them.
 
 #include "isa_common.h"

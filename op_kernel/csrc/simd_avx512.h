@@ -70,8 +70,8 @@ inline __m512i pack_bf16_pair_integer(__m512 a, __m512 b) {
   return _mm512_permutex2var_epi16(bf16_rounded_lanes(a), order, bf16_rounded_lanes(b));
 }
 
-// Packed by integer rounding: with the arithmetic on 512-bit registers, vcvtneps2bf16 gained
-// nothing measurable (docs/kernels.md).
+// Packed by integer rounding; the AVX512-BF16 conversion is the avx512bf16 path's, on 256-bit
+// registers (isa_avx512bf16.cpp).
 inline __m256i pack_bf16(V16 x) { return pack_bf16_integer(x.v); }
 inline __m512i pack_bf16_pair(V16 a, V16 b) { return pack_bf16_pair_integer(a.v, b.v); }
 
