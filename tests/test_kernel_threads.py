@@ -56,15 +56,24 @@ def test_a_call_uses_at_most_torchs_thread_count_with_the_same_bits(threads, res
 
 
 @pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
-def test_the_cpp_entry_passes_torchs_thread_count(restore_threads):
+def test_the_cpp_entry_passes_torchs_thread_count(restore_threads, monkeypatch):
+    from attnres_ge.op_host.runtime import default_runtime
+    from attnres_ge.op_proto import FORWARD, TensorMeta
+
     op = torch.ops.attnres.block_attention_residuals.default
-    inputs = make_inputs(512, 3, 96, seed=2)  # enough tokens for every core of the host
+    inputs = make_inputs(512, 3, 96, seed=2)
+    metas = {"partial_block": TensorMeta((512, 96), torch.float32),
+             "block_res": TensorMeta((512, 3, 96), torch.float32)}
+    tasks = default_runtime().tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True})).data
+    python_entry_calls = []
+    launch = op_common._launch
+    monkeypatch.setattr(op_common, "_launch", lambda *args: python_entry_calls.append(1) or launch(*args))
     op(*inputs, -1, 1e-6, True)  # the first call of a signature runs the Python entry; repeats run in C++
     for threads in (1, 2):
         torch.set_num_threads(threads)
         op(*inputs, -1, 1e-6, True)
-        host_tasks = len(os.sched_getaffinity(0))
-        assert native.last_call_threads() == min(threads, host_tasks)
+        assert native.last_call_threads() == min(threads, tasks.used_core_num)
+    assert len(python_entry_calls) <= 1  # the repeats ran in C++
 
 
 def run_script(body: str) -> subprocess.CompletedProcess:
