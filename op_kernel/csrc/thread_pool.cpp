@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 namespace attnres {
@@ -19,16 +20,22 @@ thread_local int g_last_call_threads = 0;
 
 class Pool {
  public:
-  // Runs the call on the caller and `helpers` workers; false (nothing run) when the pool is busy.
-  bool try_run(int64_t tasks, int helpers, TaskFunction task, void* context) {
+  // Runs the call on the caller and up to `helpers` workers; the threads it ran on, or 0 (nothing
+  // run) when the pool is busy.
+  int try_run(int64_t tasks, int helpers, TaskFunction task, void* context) {
     std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
-    if (!busy.owns_lock()) return false;
+    if (!busy.owns_lock()) return 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       while (started_ < helpers) {  // workers are started on first need and then kept
-        std::thread(&Pool::work, this, started_).detach();
+        try {
+          std::thread(&Pool::work, this, started_).detach();
+        } catch (const std::system_error&) {  // no more threads to be had: run with those there are
+          break;
+        }
         ++started_;
       }
+      helpers = std::min(helpers, started_);
       std::fegetenv(&caller_fenv_);
       task_ = task;
       context_ = context;
@@ -42,7 +49,7 @@ class Pool {
     run_share();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [this] { return running_ == 0; });
-    return true;
+    return helpers + 1;
   }
 
  private:
@@ -100,9 +107,12 @@ Pool& pool() {
 
 void run_tasks(int64_t tasks, int max_threads, TaskFunction task, void* context) {
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tasks, max_threads)));
-  if (threads > 1 && pool().try_run(tasks, threads - 1, task, context)) {
-    g_last_call_threads = threads;
-    return;
+  if (threads > 1) {
+    const int used = pool().try_run(tasks, threads - 1, task, context);
+    if (used > 0) {
+      g_last_call_threads = used;
+      return;
+    }
   }
   for (int64_t i = 0; i < tasks; ++i) task(context, i);
   g_last_call_threads = 1;

@@ -24,7 +24,8 @@ using TaskFunction = void (*)(void* context, int64_t task);
 void run_tasks(int64_t tasks, int max_threads, TaskFunction task, void* context);
 
 // How many threads the calling thread's latest run_tasks was dealt to (the caller
-// included): min(tasks, max_threads), or 1 when it ran alone.
+// included): min(tasks, max_threads); 1 when it ran alone, fewer when the system would
+// not start more threads.
 int last_call_threads();
 
 }  // namespace attnres
