@@ -1,7 +1,7 @@
 """Build of the native extensions; the metadata is in pyproject.toml.
 
-  attnres_ge.op_kernel._native    the CPU kernels, compiled for the machine they are installed
-                                  on (-march=native) with OpenMP
+  attnres_ge.op_kernel._native    the CPU kernels, compiled for any x86-64 CPU plus AVX2 and
+                                  AVX-512 versions chosen at run time (docs/kernels.md)
   attnres_ge.ge_plugin._cpp_entry the ops' C++ entry: eager calls and graph nodes (needs _native)
 
 Both build through torch.utils.cpp_extension, so torch must be importable at build time:
@@ -26,8 +26,25 @@ from setuptools import setup
 NATIVE_MODULE = "attnres_ge.op_kernel._native"
 SOURCES = [
     "op_kernel/csrc/native_module.cpp",
-    "op_kernel/csrc/block_attention_residuals.cpp",
-    "op_kernel/csrc/block_attention_residuals_grad.cpp",
+    "op_kernel/csrc/dispatch.cpp",
+    "op_kernel/csrc/thread_pool.cpp",
+    # The kernels once per instruction set; each file sets its own target (isa_common.h).
+    "op_kernel/csrc/isa_scalar.cpp",
+    "op_kernel/csrc/isa_avx2.cpp",
+    "op_kernel/csrc/isa_avx512.cpp",
+    "op_kernel/csrc/isa_avx512bf16.cpp",
+]
+HEADERS = [  # rebuilt when one changes; shipped in an sdist
+    "op_kernel/csrc/attnres_native.h",
+    "op_kernel/csrc/dispatch.h",
+    "op_kernel/csrc/thread_pool.h",
+    "op_kernel/csrc/isa_common.h",
+    "op_kernel/csrc/kernel_loops.h",
+    "op_kernel/csrc/forward_kernel.h",
+    "op_kernel/csrc/backward_kernel.h",
+    "op_kernel/csrc/simd_scalar.h",
+    "op_kernel/csrc/simd_avx2.h",
+    "op_kernel/csrc/simd_avx512.h",
 ]
 # The ops' C++ entry (dispatcher kernels, compiled graph nodes, launches cached per signature): torch
 # headers, so it takes longer to build; it calls the kernels of _native through a capsule.
@@ -38,9 +55,8 @@ WITHOUT = {  # what a failed build of each extension means
     ENTRY_MODULE: "the ops' Python entry will run every call",
 }
 CXX_FLAGS = [
-    "-O3",
-    "-march=native",  # compiled for this machine: AVX2/FMA/F16C where it has them
-    "-fopenmp",
+    "-O3",  # no -march: the baseline runs on any CPU of the architecture; the vector paths set their own targets
+    "-pthread",
     "-ffp-contract=off",  # only the kernels' explicit fused multiply-adds: fixed rounding
 ]
 SKIP_ENV = "ATTNRES_GE_NO_NATIVE"  # set to 1 to install without the native extensions
@@ -91,9 +107,9 @@ def _native_build():
     kernels = CppExtension(
         NATIVE_MODULE,
         SOURCES,
-        depends=["op_kernel/csrc/attnres_native.h"],  # rebuilt when it changes; shipped in an sdist
+        depends=HEADERS,
         extra_compile_args={"cxx": CXX_FLAGS},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-pthread"],
     )
     entry = CppExtension(
         ENTRY_MODULE,

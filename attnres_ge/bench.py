@@ -414,26 +414,18 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
     return differences
 
 
-def isa_path() -> str:
-    """The SIMD path the native kernels run ("unknown" when they do not say, "none" without them)."""
-    try:
-        from .op_kernel import native
-    except ImportError:
-        return "none"
-    path = getattr(native, "isa_path", None)
-    return path() if callable(path) else "unknown"
-
-
 def kernel_threads() -> int:
-    """Threads the kernels split a large call over: the host profile's usable cores."""
+    """Threads a large call of the kernels runs on: the host's usable cores, at most torch.get_num_threads()."""
     from .op_host.platform import host_profile
 
-    return host_profile().vector_core_num
+    return min(host_profile().vector_core_num, torch.get_num_threads())
 
 
 def machine() -> dict:
+    from .op_kernel import describe_implementation
+
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "kernel_threads": kernel_threads(), "isa_path": isa_path(),
+            "kernel_threads": kernel_threads(), "kernels": describe_implementation(),
             "machine": host_platform.machine(), "processor": host_platform.processor()}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -447,9 +439,6 @@ def machine() -> dict:
                 info[name] = handle.read().strip()
         except OSError:
             pass
-    from .op_kernel import active_implementation
-
-    info["kernels"] = active_implementation()
     return info
 
 
@@ -567,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     about = machine()
-    print(f"kernels: {about['kernels']}, ISA path {about['isa_path']}, {about['kernel_threads']} kernel threads, "
+    print(f"kernels: {about['kernels']}, {about['kernel_threads']} kernel threads, "
           f"{about['torch_threads']} torch threads")
     print(f"machine: {about}")
     for shape_name, shape in shapes.items():

@@ -39,6 +39,7 @@ def cmd_tiling(args) -> int:
     from .op_host import block_attention_residuals_grad_tiling as grad_tiling
     from .op_host import block_attention_residuals_tiling as forward_tiling
     from .op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
+    from .op_kernel import describe_implementation
 
     tokens, blocks, hidden = args.shape
     profile = profile_by_name(args.soc)
@@ -56,9 +57,8 @@ def cmd_tiling(args) -> int:
           + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
     print(f"shape          T={tokens} N={blocks} H={hidden} {args.dtype}")
     if profile.soc == HOST_SOC:
-        from .bench import isa_path
-
-        print(f"kernel path    {isa_path()} ({profile.vector_core_num} threads at most)")
+        print(f"cpu kernels    {describe_implementation()}, at most {torch.get_num_threads()} threads "
+              "(torch.get_num_threads())")
     print(result.describe())
     return 0
 

@@ -2,7 +2,7 @@
 
 Two implementations share one signature per op (tensors, outputs, workspace, tiling record):
 
-  native  C++/OpenMP (op_kernel/csrc, built at install time as `_native`): the fast path
+  native  C++ (op_kernel/csrc, built at install time as `_native`): the fast path
   python  torch ops accumulating in float64 in a fixed order: the oracle
 
 `KERNELS[op_type]` picks, at first use, the one named by the environment variable
@@ -170,6 +170,16 @@ def active_implementation() -> str:
     return KERNELS.implementation
 
 
+def describe_implementation() -> str:
+    """What runs the kernels, for people: "native, avx512bf16 path" (the native kernels' instruction
+    set, see native.isa_path) or "python"."""
+    if active_implementation() == "python":
+        return "python"
+    from . import native
+
+    return f"native, {native.isa_path()} path"
+
+
 __all__ = [
     "KERNELS",
     "KERNEL_ENV",
@@ -177,6 +187,7 @@ __all__ = [
     "active_implementation",
     "block_attention_residuals_grad_kernel",
     "block_attention_residuals_kernel",
+    "describe_implementation",
     "get_kernels",
     "native_available",
 ]

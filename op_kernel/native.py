@@ -1,4 +1,4 @@
-"""The native (C++/OpenMP) kernels, with the same signatures as the Python kernels.
+"""The native (C++) kernels, with the same signatures as the Python kernels.
 
 `_native` is the extension built at install time from op_kernel/csrc (see setup.py);
 importing this module raises ImportError when it was not built. A tiling record becomes
@@ -11,13 +11,14 @@ already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
-(8 MiB; 4-byte outputs only in the backward, where 16-bit ones measured no gain), which
-would leave the caches before anyone read them anyway: on the 2-core AMD EPYC VM this was
-tuned on, the float32 backward got 10-20% faster and the forward about as fast or a few
-percent faster. (They once made the backward 2.5x slower in some processes: its float
-scratch rows sat at the gradient rows' offset within a 4 KiB page, see PhasedRow in
-csrc/attnres_native.h.) ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold; a huge N
-turns them off.
+(8 MiB; 4-byte outputs only in the backward), which would leave the caches before anyone
+read them anyway (docs/kernels.md, performance notes). ATTNRES_GE_STREAM_MIN_BYTES=N
+changes the threshold; a huge N turns them off.
+
+The kernels are compiled for several instruction sets and run on the fastest the CPU has
+(`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import
+when this CPU cannot run it), `use_isa_path(name)` switches in a running process. Every path
+gives the same bits. A call runs on at most torch.get_num_threads() threads.
 """
 
 from __future__ import annotations
@@ -32,9 +33,47 @@ from . import _native
 
 STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
 STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 8 << 20))
-VECTOR_PATH: str = _native.VECTOR_PATH
+ISA_ENV = "ATTNRES_GE_ISA"
 KERNEL_TABLE = _native.KERNEL_TABLE  # the kernels, for the torch ops' C++ entry (ge_plugin/csrc)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # attnres::DType
+
+
+def isa_path() -> str:
+    """The instruction set the native kernels run on: "scalar", "avx2", "avx512" or "avx512bf16"."""
+    return _native.isa_path()
+
+
+def available_isa_paths() -> tuple[str, ...]:
+    """The paths this CPU can run, from the most portable to the fastest (the default)."""
+    return _native.available_isa_paths()
+
+
+def use_isa_path(name: str) -> None:
+    """Run the native kernels on path `name` from now on, in this process (same bits on every path)."""
+    if name not in _native.available_isa_paths():
+        raise ValueError(
+            f"native kernel: cannot use instruction set path {name!r}: this CPU runs "
+            f"{', '.join(_native.available_isa_paths())} (paths of this build: {', '.join(_native.known_isa_paths())})"
+        )
+    _native.select_isa_path(name)
+
+
+def last_call_threads() -> int:
+    """How many threads the calling thread's latest native kernel call ran on (the caller included)."""
+    return _native.last_call_threads()
+
+
+def _select_isa_from_environment() -> None:
+    forced = os.environ.get(ISA_ENV, "").strip()
+    if forced in ("", "auto"):
+        return
+    try:
+        use_isa_path(forced)
+    except ValueError as error:
+        raise RuntimeError(f"{ISA_ENV}={forced}: {error}") from None
+
+
+_select_isa_from_environment()
 
 
 def _address(tensor: torch.Tensor, name: str, dtype: torch.dtype, numel: int) -> int:
@@ -108,6 +147,7 @@ def block_attention_residuals_native(
         _address(hidden_states, "hidden_states", dtype, tokens * hidden),
         _address(inv_norm, "inv_norm", torch.float32, stats) if tiling.need_backward else 0,
         _address(probs, "probs", torch.float32, stats) if tiling.need_backward else 0,
+        torch.get_num_threads(),
     )
 
 
@@ -142,6 +182,7 @@ def block_attention_residuals_grad_native(
         _address(grad_proj_weight, "grad_proj_weight", dtype, hidden),
         _address(grad_norm_weight, "grad_norm_weight", dtype, hidden),
         _check_workspace(workspace, tiling),
+        torch.get_num_threads(),
     )
 
 
@@ -160,7 +201,8 @@ class ForwardLaunch:
         hidden_states, inv_norm, probs = outputs
         keep_stats = self._keep_stats
         _native.forward(self.record, *[tensor.data_ptr() for tensor in inputs], hidden_states.data_ptr(),
-                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0)
+                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0,
+                        torch.get_num_threads())
 
 
 class BackwardLaunch:
@@ -170,4 +212,5 @@ class BackwardLaunch:
         self.record = backward_record(tiling, dtype)
 
     def __call__(self, inputs, outputs, workspace) -> None:
-        _native.backward(self.record, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)])
+        _native.backward(self.record, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)],
+                         torch.get_num_threads())

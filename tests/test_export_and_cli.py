@@ -132,7 +132,7 @@ def test_cli_tiling_prints_the_decision(capsys, monkeypatch):
 def test_cli_tiling_on_the_host_names_the_kernel_path(capsys):
     assert main(["tiling", "--op", "forward", "--shape", "64,4,256"]) == 0
     out = capsys.readouterr().out
-    assert "platform       host-cpu" in out and "kernel path    " in out
+    assert "platform       host-cpu" in out and "cpu kernels    " in out
 
 
 def test_cli_tiling_reports_bad_arguments(capsys):

@@ -21,6 +21,7 @@
 // very record the plan made, on the same kernels: the same bits. forget() drops every
 // cached launch (Python calls it when the kernel implementation changes).
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -148,7 +149,7 @@ void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std:
     args.hidden_states = outputs[0].mutable_data_ptr();
     args.inv_norm = launch.keep_stats ? outputs[1].mutable_data_ptr<float>() : nullptr;
     args.probs = launch.keep_stats ? outputs[2].mutable_data_ptr<float>() : nullptr;
-    if (args.tokens > 0) kernels.forward(args);
+    if (args.tokens > 0) kernels.forward(args, at::get_num_threads());  // torch's thread limit
     return;
   }
   attnres::BackwardArgs args = launch.backward;
@@ -164,7 +165,7 @@ void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std:
   args.grad_proj_weight = outputs[2].mutable_data_ptr();
   args.grad_norm_weight = outputs[3].mutable_data_ptr();
   args.chunk_rows = workspace.defined() ? static_cast<float*>(workspace.mutable_data_ptr()) : nullptr;
-  kernels.backward(args);
+  kernels.backward(args, at::get_num_threads());
 }
 
 std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& tensors) {

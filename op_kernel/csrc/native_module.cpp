@@ -7,8 +7,12 @@
 //                                     (capsule), once this module has checked that
 //                                     they deal out exactly the tokens (chunks) and
 //                                     tile exactly the hidden size
-//   forward / backward                a launch record and data pointers -> the kernel
+//   forward / backward                a launch record, data pointers and the thread limit
+//                                     -> the kernel
 //   KERNEL_TABLE                      the kernels, for the torch ops' C++ entry
+//   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
+//   known_isa_paths, select_isa_path
+//   last_call_threads                 threads the calling thread's latest kernel call used
 //
 // The kernels walk the record, so they stay inside buffers of the record's sizes;
 // that the pointers are such buffers is the caller's to guarantee: the Python
@@ -20,8 +24,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attnres_native.h"
+#include "dispatch.h"
+#include "thread_pool.h"
 
 namespace {
 
@@ -155,13 +162,14 @@ bool record_from(PyObject* capsule, const char* name, Args* args) {
   return true;
 }
 
-// forward(record, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs)
+// forward(record, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs, max_threads)
 // Pointers are data addresses; inv_norm and probs are 0 when the statistics are not wanted.
 PyObject* forward(PyObject*, PyObject* args) {
   PyObject* record;
   unsigned long long partial, blocks_ptr, proj, norm, hidden_states, inv_norm, probs;
-  if (!PyArg_ParseTuple(args, "OKKKKKKK", &record, &partial, &blocks_ptr, &proj, &norm, &hidden_states, &inv_norm,
-                        &probs)) {
+  int max_threads;
+  if (!PyArg_ParseTuple(args, "OKKKKKKKi", &record, &partial, &blocks_ptr, &proj, &norm, &hidden_states, &inv_norm,
+                        &probs, &max_threads)) {
     return nullptr;
   }
   attnres::ForwardArgs a;
@@ -178,20 +186,22 @@ PyObject* forward(PyObject*, PyObject* args) {
   a.inv_norm = pointer<float>(inv_norm);
   a.probs = pointer<float>(probs);
   if (a.tokens > 0) {
-    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a);
+    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a, max_threads);
     Py_END_ALLOW_THREADS
   }
   Py_RETURN_NONE;
 }
 
 // backward(record, partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
-//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace)
+//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace, max_threads)
 PyObject* backward(PyObject*, PyObject* args) {
   PyObject* record;
   unsigned long long partial, blocks_ptr, proj, norm, grad_hidden, inv_norm, probs, grad_partial, grad_blocks,
       grad_proj, grad_norm, workspace;
-  if (!PyArg_ParseTuple(args, "OKKKKKKKKKKKK", &record, &partial, &blocks_ptr, &proj, &norm, &grad_hidden, &inv_norm,
-                        &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm, &workspace)) {
+  int max_threads;
+  if (!PyArg_ParseTuple(args, "OKKKKKKKKKKKKi", &record, &partial, &blocks_ptr, &proj, &norm, &grad_hidden,
+                        &inv_norm, &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm, &workspace,
+                        &max_threads)) {
     return nullptr;
   }
   attnres::BackwardArgs a;
@@ -208,10 +218,42 @@ PyObject* backward(PyObject*, PyObject* args) {
   a.grad_proj_weight = pointer<void>(grad_proj);
   a.grad_norm_weight = pointer<void>(grad_norm);
   a.chunk_rows = pointer<float>(workspace);
-  Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_backward(a);
+  Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_backward(a, max_threads);
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }
+
+PyObject* string_tuple(const std::vector<std::string>& names) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
+  if (tuple == nullptr) return nullptr;
+  for (size_t i = 0; i < names.size(); ++i) {
+    PyObject* name = PyUnicode_FromString(names[i].c_str());
+    if (name == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), name);
+  }
+  return tuple;
+}
+
+PyObject* isa_path(PyObject*, PyObject*) { return PyUnicode_FromString(attnres::isa_path().c_str()); }
+PyObject* known_isa_paths(PyObject*, PyObject*) { return string_tuple(attnres::known_isa_paths()); }
+PyObject* available_isa_paths(PyObject*, PyObject*) { return string_tuple(attnres::available_isa_paths()); }
+
+// select_isa_path(name): ValueError saying why when the path is unknown or this CPU lacks it.
+PyObject* select_isa_path(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_AsUTF8(arg);
+  if (name == nullptr) return nullptr;
+  const std::string problem = attnres::select_isa_path(name);
+  if (!problem.empty()) {
+    PyErr_SetString(PyExc_ValueError, problem.c_str());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
 
 attnres::KernelTable kKernelTable{attnres::block_attention_residuals_forward,
                                   attnres::block_attention_residuals_backward};
@@ -222,6 +264,11 @@ PyMethodDef kMethods[] = {
      "BlockAttentionResidualsGrad launch record (see op_kernel.native)"},
     {"forward", forward, METH_VARARGS, "BlockAttentionResiduals kernel (call through op_kernel.native)"},
     {"backward", backward, METH_VARARGS, "BlockAttentionResidualsGrad kernel (call through op_kernel.native)"},
+    {"isa_path", isa_path, METH_NOARGS, "the instruction set the kernels run on"},
+    {"known_isa_paths", known_isa_paths, METH_NOARGS, "every instruction set path of this build"},
+    {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},
+    {"select_isa_path", select_isa_path, METH_O, "run the kernels on the named path"},
+    {"last_call_threads", last_call_threads, METH_NOARGS, "threads the calling thread's latest kernel call used"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -235,8 +282,7 @@ PyModuleDef kModule = {
 PyMODINIT_FUNC PyInit__native() {
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
-  if (PyModule_AddStringConstant(module, "VECTOR_PATH", attnres::vector_path() ? "avx2+fma+f16c" : "portable") < 0 ||
-      PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
+  if (PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
       PyModule_AddObject(module, "KERNEL_TABLE", PyCapsule_New(&kKernelTable, attnres::kKernelTableCapsule, nullptr)) <
           0) {
     Py_DECREF(module);

@@ -1,7 +1,8 @@
 // Native CPU kernel of BlockAttentionResidualsGrad (the backward), executing a BackwardTilingData.
+// Included by isa_*.cpp inside an instruction set's namespace, after its target pragma.
 //
 // With go = grad_hidden_states, p = probs, r = inv_norm, w = norm_weight * proj_weight:
-// per core (an OpenMP thread), per chunk of CHUNK_TOKENS tokens of its chunk range,
+// per core of the tiling (a task of the thread pool), per chunk of CHUNK_TOKENS tokens of its chunk range,
 // per block of `tokens_per_loop` tokens:
 //   pass 1, token by token, over the hidden tiles: lanes of g = sum_h go * v and
 //           wv = sum_h w * v for all N+1 rows  ->  gs = p (g - sum_j p_j g_j),
@@ -9,20 +10,11 @@
 //   pass 2, token by token, over the hidden tiles, rows still in cache:
 //           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
 //           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
-// The chunk row is the chunk's float32 workspace row [H]. After the parallel
-// region the chunk rows are summed in chunk order, so the weight gradients have
+// The chunk row is the chunk's float32 workspace row [H]. Once every task is
+// done the chunk rows are summed in chunk order, so the weight gradients have
 // the same bits for any core split; per element the input gradients are a fixed
 // sequence of operations, so they do too.
 
-#include <omp.h>
-
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
-#include "attnres_native.h"
-
-namespace attnres {
 namespace {
 
 // Per-token row coefficients, [N+1] each.
@@ -66,17 +58,13 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, c
       for (int j = 0; j < K; ++j) prefetch(next_v[r0 + j] + h);
     }
     for (int j = 0; j < K; ++j) {
+      V16 grad[kGroups];
       for (int g = 0; g < kGroups; ++g) {
-        const int64_t at = h + g * kLanes;
-        const V16 value = vload(v[r0 + j] + at);
-        const V16 grad = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
-        if (kStream) {
-          vstream(gv[r0 + j] + at, grad);
-        } else {
-          vstore(gv[r0 + j] + at, grad);
-        }
+        const V16 value = vload(v[r0 + j] + h + g * kLanes);
+        grad[g] = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
         acc[g] = vfma(a_v[j], value, acc[g]);
       }
+      store_line<kStream>(gv[r0 + j] + h, grad);
     }
     for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
   }
@@ -104,7 +92,7 @@ template <bool kStream, typename T>
 inline void grad_tile(const T* const* rows, T* const* grads, const T* const* next_rows, const T* next_go,
                       int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
-  constexpr int kRows = 2;  // 2, 3 and 4 measured within noise of each other; 1 is slower
+  constexpr int kRows = 2;  // rows per grad_rows call (docs/kernels.md, performance notes)
   int64_t i = 0;
   for (; i + kRows <= row_num; i += kRows) {
     grad_rows<kRows, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
@@ -129,7 +117,7 @@ inline void row_coefficients(const V16* g_lanes, const V16* wv_lanes, const floa
 }
 
 template <typename T>
-void backward_impl(const BackwardArgs& args) {
+void backward_impl(const BackwardArgs& args, int max_threads) {
   const T* partial_block = static_cast<const T*>(args.partial_block);  // [T, H]
   const T* block_res = static_cast<const T*>(args.block_res);          // [T, N, H]
   const T* grad_hidden = static_cast<const T*>(args.grad_hidden_states);  // [T, H]
@@ -148,90 +136,86 @@ void backward_impl(const BackwardArgs& args) {
   score_weight(norm_weight, proj_weight, hidden, w.data());
   const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
                       (blocks == 0 || can_stream<T>(grad_blocks, hidden));
-  const int threads_wanted = static_cast<int>(args.used_core_num);
 
-#pragma omp parallel num_threads(threads_wanted) if (threads_wanted > 1)
-  {
+  // One task per core of the tiling; scratch is the task's own.
+  const auto core_task = [&](int64_t core) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] value rows of the block's tokens
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
     std::vector<float> g(rows);                                 // [N+1] scratch
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
-    std::vector<V16> g_lanes(rows), wv_lanes(rows);             // [N+1] lanes of the token in pass 1
+    LaneArray g_lanes(rows), wv_lanes(rows);                    // [N+1] lanes of the token in pass 1
     std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
-    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    for (int64_t core = thread; core < args.used_core_num; core += threads) {
-      int64_t first, last;
-      core_range(core, args.former_core_num, args.former_core_chunks, args.tail_core_chunks, &first, &last);
-      const int64_t core_stop = std::min(last * args.chunk_tokens, args.tokens);  // this core's last token + 1
-      for (int64_t chunk = first; chunk < last; ++chunk) {
-        std::fill(chunk_sum.data(), chunk_sum.data() + hidden_pad, 0.0f);
-        const int64_t chunk_stop = std::min((chunk + 1) * args.chunk_tokens, args.tokens);
-        for (int64_t t0 = chunk * args.chunk_tokens; t0 < chunk_stop; t0 += block_tokens) {
-          const int64_t t1 = std::min(t0 + block_tokens, chunk_stop);
-          // Pass 1: lanes carried across the hidden tiles, reduced once per row.
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t b = t - t0;
-            const T** token_rows = row_ptrs.data() + b * rows;
-            T** token_grads = grad_ptrs.data() + b * rows;
-            for (int64_t i = 0; i < rows; ++i) {
-              token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
-              token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
-            }
-            for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = vzero();
-            to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
-            for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-              dot_lanes_rows<false>(token_rows, rows, go.data(), w.data(), tiles.begin(tile), tiles.end(tile),
-                                    g_lanes.data(), wv_lanes.data());
-            }
-            const RowCoefficients k{coefficients.data() + b * rows,
-                                    coefficients.data() + (block_tokens + b) * rows,
-                                    coefficients.data() + (2 * block_tokens + b) * rows};
-            std::memcpy(k.p, args.probs + t * rows, rows * sizeof(float));
-            row_coefficients(g_lanes.data(), wv_lanes.data(), args.inv_norm + t * rows, rows, hidden, k, g.data());
+    int64_t first, last;
+    core_range(core, args.former_core_num, args.former_core_chunks, args.tail_core_chunks, &first, &last);
+    const int64_t core_stop = std::min(last * args.chunk_tokens, args.tokens);  // this core's last token + 1
+    for (int64_t chunk = first; chunk < last; ++chunk) {
+      std::fill(chunk_sum.data(), chunk_sum.data() + hidden_pad, 0.0f);
+      const int64_t chunk_stop = std::min((chunk + 1) * args.chunk_tokens, args.tokens);
+      for (int64_t t0 = chunk * args.chunk_tokens; t0 < chunk_stop; t0 += block_tokens) {
+        const int64_t t1 = std::min(t0 + block_tokens, chunk_stop);
+        // Pass 1: lanes carried across the hidden tiles, reduced once per row.
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t b = t - t0;
+          const T** token_rows = row_ptrs.data() + b * rows;
+          T** token_grads = grad_ptrs.data() + b * rows;
+          for (int64_t i = 0; i < rows; ++i) {
+            token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
+            token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
           }
-          // Pass 2: input gradients and the chunk row, token by token (the chunk row's order).
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t b = t - t0;
-            const RowCoefficients k{coefficients.data() + b * rows,
-                                    coefficients.data() + (block_tokens + b) * rows,
-                                    coefficients.data() + (2 * block_tokens + b) * rows};
-            const T* const* token_rows = row_ptrs.data() + b * rows;
-            T* const* token_grads = grad_ptrs.data() + b * rows;
-            to_lane_layout(grad_hidden + t * hidden, hidden, go.data());  // again: pass 1 saw other tokens since
-            const int64_t next_t = t + block_tokens;  // the same place in this core's next block
-            const bool prefetch_next = next_t < core_stop;
-            if (prefetch_next) {
-              for (int64_t i = 0; i < rows; ++i) next_rows[i] = value_row(block_res, partial_block, next_t, i, blocks, hidden);
-            }
-            const T* const* next = prefetch_next ? next_rows.data() : nullptr;
-            const T* next_go = prefetch_next ? grad_hidden + next_t * hidden : nullptr;
-            for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-              if (stream) {
-                grad_tile<true>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
-                                chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
-              } else {
-                grad_tile<false>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
-                                 chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
-              }
+          for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = vzero();
+          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
+          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+            dot_lanes_rows<false>(token_rows, rows, go.data(), w.data(), tiles.begin(tile), tiles.end(tile),
+                                  g_lanes.data(), wv_lanes.data());
+          }
+          const RowCoefficients k{coefficients.data() + b * rows,
+                                  coefficients.data() + (block_tokens + b) * rows,
+                                  coefficients.data() + (2 * block_tokens + b) * rows};
+          std::memcpy(k.p, args.probs + t * rows, rows * sizeof(float));
+          row_coefficients(g_lanes.data(), wv_lanes.data(), args.inv_norm + t * rows, rows, hidden, k, g.data());
+        }
+        // Pass 2: input gradients and the chunk row, token by token (the chunk row's order).
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t b = t - t0;
+          const RowCoefficients k{coefficients.data() + b * rows,
+                                  coefficients.data() + (block_tokens + b) * rows,
+                                  coefficients.data() + (2 * block_tokens + b) * rows};
+          const T* const* token_rows = row_ptrs.data() + b * rows;
+          T* const* token_grads = grad_ptrs.data() + b * rows;
+          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());  // again: pass 1 saw other tokens since
+          const int64_t next_t = t + block_tokens;  // the same place in this core's next block
+          const bool prefetch_next = next_t < core_stop;
+          if (prefetch_next) {
+            for (int64_t i = 0; i < rows; ++i) next_rows[i] = value_row(block_res, partial_block, next_t, i, blocks, hidden);
+          }
+          const T* const* next = prefetch_next ? next_rows.data() : nullptr;
+          const T* next_go = prefetch_next ? grad_hidden + next_t * hidden : nullptr;
+          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+            if (stream) {
+              grad_tile<true>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+                              chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
+            } else {
+              grad_tile<false>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+                               chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
             }
           }
         }
-        // The chunk's row, in natural order, into its workspace row [H].
-        from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
       }
+      // The chunk's row, in natural order, into its workspace row [H].
+      from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
     }
-    if (stream) stream_fence();
-  }
+    if (stream) stream_fence();  // this task's streaming stores are visible when the tasks are done
+  };
+  parallel_tasks(args.used_core_num, max_threads, core_task);
 
   // Weight gradients: chunk rows summed in chunk order (float64), per hidden column.
   T* grad_proj = static_cast<T*>(args.grad_proj_weight);  // [H]
   T* grad_norm = static_cast<T*>(args.grad_norm_weight);  // [H]
   constexpr int64_t kColumns = 256;
   const int64_t column_blocks = (hidden + kColumns - 1) / kColumns;
-#pragma omp parallel for num_threads(threads_wanted) if (threads_wanted > 1 && args.chunk_num > 1) schedule(static)
-  for (int64_t cb = 0; cb < column_blocks; ++cb) {
+  const auto column_task = [&](int64_t cb) {
     const int64_t h0 = cb * kColumns, width = std::min(kColumns, hidden - h0);
     double sums[kColumns] = {};
     for (int64_t chunk = 0; chunk < args.chunk_num; ++chunk) {
@@ -242,23 +226,22 @@ void backward_impl(const BackwardArgs& args) {
       grad_norm[h0 + j] = from_float<T>(static_cast<float>(sums[j] * to_float(proj_weight[h0 + j])));
       grad_proj[h0 + j] = from_float<T>(static_cast<float>(sums[j] * to_float(norm_weight[h0 + j])));
     }
-  }
+  };
+  parallel_tasks(column_blocks, args.chunk_num > 1 ? max_threads : 1, column_task);  // one chunk: little to sum
 }
 
 }  // namespace
 
-void block_attention_residuals_backward(const BackwardArgs& args) {
+void backward(const BackwardArgs& args, int max_threads) {
   switch (args.dtype) {
     case DType::kFloat32:
-      backward_impl<float>(args);
+      backward_impl<float>(args, max_threads);
       break;
     case DType::kFloat16:
-      backward_impl<FP16>(args);
+      backward_impl<FP16>(args, max_threads);
       break;
     case DType::kBFloat16:
-      backward_impl<BF16>(args);
+      backward_impl<BF16>(args, max_threads);
       break;
   }
 }
-
-}  // namespace attnres

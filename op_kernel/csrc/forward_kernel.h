@@ -1,6 +1,8 @@
 // Native CPU kernel of BlockAttentionResiduals (the forward), executing a ForwardTilingData.
+// Included by isa_*.cpp inside an instruction set's namespace, after its target pragma.
 //
-// Per core (an OpenMP thread), per block of `tokens_per_loop` tokens of its range:
+// Per core of the tiling (a task of the thread pool), per block of `tokens_per_loop`
+// tokens of its range:
 //   pass 1, token by token, over the hidden tiles: for all N+1 rows at once the
 //           lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax
 //   pass 2, token by token, over the hidden tiles: hidden_states = sum_i p_i v_i
@@ -9,21 +11,11 @@
 // bus once. No [T, N+1, H] temporary exists; per thread there are only
 // [tokens_per_loop, N+1] scalars and N+1 lane pairs.
 
-#include <omp.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <vector>
-
-#include "attnres_native.h"
-
-namespace attnres {
 namespace {
 
-// How far ahead pass 1 prefetches the value rows. Measured on a 2-core EPYC VM at T=4096,
-// N=8, H=2048 against no prefetch in pass 1: 8-16 KiB made the float32 forward 7-15%
-// faster and bfloat16 2-8%; the backward's pass 1 (more arithmetic per byte) gained nothing.
+// How far ahead pass 1 prefetches the value rows: far enough that the memory reads of
+// the next rows are in flight while this one is computed (docs/kernels.md, performance
+// notes). The backward's pass 1, with more arithmetic per byte, does not prefetch.
 constexpr int64_t kPass1PrefetchBytes = 16 * 1024;
 
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
@@ -43,13 +35,7 @@ inline void weighted_sum_groups(const T* const* rows, const T* const* next_rows,
     const V16 pi = vset(p[i]);
     for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
   }
-  for (int g = 0; g < G; ++g) {
-    if (kStream) {
-      vstream(out + h + g * kLanes, acc[g]);
-    } else {
-      vstore(out + h + g * kLanes, acc[g]);
-    }
-  }
+  store_groups<G, kStream>(out + h, acc);
 }
 
 // The same for the last, partial group of n < 16 elements.
@@ -89,7 +75,7 @@ inline void norms_and_softmax(const V16* square_lanes, const V16* score_lanes, i
 }
 
 template <typename T>
-void forward_impl(const ForwardArgs& args) {
+void forward_impl(const ForwardArgs& args, int max_threads) {
   const T* partial_block = static_cast<const T*>(args.partial_block);  // [T, H]
   const T* block_res = static_cast<const T*>(args.block_res);          // [T, N, H]
   T* hidden_states = static_cast<T*>(args.hidden_states);              // [T, H]
@@ -102,77 +88,72 @@ void forward_impl(const ForwardArgs& args) {
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
   const int64_t prefetch_ahead = kPass1PrefetchBytes / static_cast<int64_t>(sizeof(T));
 
-#pragma omp parallel num_threads(static_cast<int>(args.used_core_num)) if (args.used_core_num > 1)
-  {
+  // One task per core of the tiling; scratch is the task's own.
+  const auto core_task = [&](int64_t core) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] rows of the block's tokens
     std::vector<float> inv_norm(block_tokens * rows);     // [B, N+1]
     std::vector<float> probs(block_tokens * rows);        // [B, N+1]
-    std::vector<V16> square_lanes(rows), score_lanes(rows);  // [N+1] lanes of the token in pass 1
-    std::vector<const T*> next_rows(rows);                   // [N+1] rows to prefetch
-    // If the runtime gives fewer threads than cores, a thread takes several cores' ranges.
-    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    for (int64_t core = thread; core < args.used_core_num; core += threads) {
-      int64_t start, stop;
-      core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
-      for (int64_t t0 = start; t0 < stop; t0 += block_tokens) {
-        const int64_t t1 = std::min(t0 + block_tokens, stop);
-        // Pass 1: lanes carried across the hidden tiles, reduced once per row.
-        for (int64_t t = t0; t < t1; ++t) {
-          const T** token_rows = row_ptrs.data() + (t - t0) * rows;
-          for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
-          for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = vzero();
-          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
-                                 tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
-          }
-          norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
-                            inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows);
+    LaneArray square_lanes(rows), score_lanes(rows);      // [N+1] lanes of the token in pass 1
+    std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
+    int64_t start, stop;
+    core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
+    for (int64_t t0 = start; t0 < stop; t0 += block_tokens) {
+      const int64_t t1 = std::min(t0 + block_tokens, stop);
+      // Pass 1: lanes carried across the hidden tiles, reduced once per row.
+      for (int64_t t = t0; t < t1; ++t) {
+        const T** token_rows = row_ptrs.data() + (t - t0) * rows;
+        for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
+        for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = vzero();
+        for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+          dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
+                               tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
         }
-        // Pass 2: the weighted sum, rows still in cache.
-        for (int64_t t = t0; t < t1; ++t) {
-          const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
-          const float* p = probs.data() + (t - t0) * rows;
-          const bool prefetch_next = t + block_tokens < stop;  // the same place in this core's next block
-          if (prefetch_next) {
-            for (int64_t i = 0; i < rows; ++i) {
-              next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
-            }
-          }
-          const T* const* next = prefetch_next ? next_rows.data() : nullptr;
-          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            if (stream) {
-              weighted_sum_tile<true>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
-                                      hidden_states + t * hidden);
-            } else {
-              weighted_sum_tile<false>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
-                                       hidden_states + t * hidden);
-            }
+        norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
+                          inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows);
+      }
+      // Pass 2: the weighted sum, rows still in cache.
+      for (int64_t t = t0; t < t1; ++t) {
+        const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
+        const float* p = probs.data() + (t - t0) * rows;
+        const bool prefetch_next = t + block_tokens < stop;  // the same place in this core's next block
+        if (prefetch_next) {
+          for (int64_t i = 0; i < rows; ++i) {
+            next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
           }
         }
-        if (args.inv_norm != nullptr) {
-          std::memcpy(args.inv_norm + t0 * rows, inv_norm.data(), (t1 - t0) * rows * sizeof(float));
-          std::memcpy(args.probs + t0 * rows, probs.data(), (t1 - t0) * rows * sizeof(float));
+        const T* const* next = prefetch_next ? next_rows.data() : nullptr;
+        for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+          if (stream) {
+            weighted_sum_tile<true>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
+                                    hidden_states + t * hidden);
+          } else {
+            weighted_sum_tile<false>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
+                                     hidden_states + t * hidden);
+          }
         }
       }
+      if (args.inv_norm != nullptr) {
+        std::memcpy(args.inv_norm + t0 * rows, inv_norm.data(), (t1 - t0) * rows * sizeof(float));
+        std::memcpy(args.probs + t0 * rows, probs.data(), (t1 - t0) * rows * sizeof(float));
+      }
     }
-    if (stream) stream_fence();  // this thread's streaming stores are visible before the region ends
-  }
+    if (stream) stream_fence();  // this task's streaming stores are visible when the call returns
+  };
+  parallel_tasks(args.used_core_num, max_threads, core_task);
 }
 
 }  // namespace
 
-void block_attention_residuals_forward(const ForwardArgs& args) {
+void forward(const ForwardArgs& args, int max_threads) {
   switch (args.dtype) {
     case DType::kFloat32:
-      forward_impl<float>(args);
+      forward_impl<float>(args, max_threads);
       break;
     case DType::kFloat16:
-      forward_impl<FP16>(args);
+      forward_impl<FP16>(args, max_threads);
       break;
     case DType::kBFloat16:
-      forward_impl<BF16>(args);
+      forward_impl<BF16>(args, max_threads);
       break;
   }
 }
-
-}  // namespace attnres

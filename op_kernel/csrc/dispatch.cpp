@@ -1,0 +1,126 @@
+// Run-time choice of the kernels' instruction set (dispatch.h), and the kernels' entry
+// points that go through it (attnres_native.h).
+
+#include "dispatch.h"
+
+#include <atomic>
+
+#include "attnres_native.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define ATTNRES_X86 1
+#else
+#define ATTNRES_X86 0
+#endif
+
+namespace attnres {
+
+// The kernels of each instruction set (isa_*.cpp). Declared here only: a declaration seen
+// before an isa_*.cpp target pragma would make the compiler treat the definition as a
+// second, target-specific version of the function.
+#define ATTNRES_DECLARE_KERNELS(isa)                        \
+  namespace isa {                                           \
+  void forward(const ForwardArgs& args, int max_threads);   \
+  void backward(const BackwardArgs& args, int max_threads); \
+  }
+ATTNRES_DECLARE_KERNELS(scalar)
+#if ATTNRES_X86
+ATTNRES_DECLARE_KERNELS(avx2)
+ATTNRES_DECLARE_KERNELS(avx512)
+ATTNRES_DECLARE_KERNELS(avx512bf16)
+#endif
+#undef ATTNRES_DECLARE_KERNELS
+
+namespace {
+
+struct IsaPath {
+  const char* name;
+  bool (*supported)();
+  KernelTable kernels;
+};
+
+bool always() { return true; }
+
+void cpu_init() {
+#if ATTNRES_X86
+  __builtin_cpu_init();
+#endif
+}
+
+#if ATTNRES_X86
+// __builtin_cpu_supports reads CPUID and also checks that the OS saves the vector
+// registers (XGETBV), so a feature it reports can be used.
+bool has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+bool has_avx512() {
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+bool has_avx512bf16() {
+  return has_avx512() && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+}
+#endif
+
+const IsaPath kPaths[] = {
+    {"scalar", always, {scalar::forward, scalar::backward}},
+#if ATTNRES_X86
+    {"avx2", has_avx2, {avx2::forward, avx2::backward}},
+    {"avx512", has_avx512, {avx512::forward, avx512::backward}},
+    {"avx512bf16", has_avx512bf16, {avx512bf16::forward, avx512bf16::backward}},
+#endif
+};
+
+const IsaPath* best_path() {
+  cpu_init();
+  const IsaPath* best = &kPaths[0];
+  for (const IsaPath& path : kPaths) {
+    if (path.supported()) best = &path;
+  }
+  return best;
+}
+
+std::atomic<const IsaPath*>& selected() {
+  static std::atomic<const IsaPath*> path{best_path()};
+  return path;
+}
+
+}  // namespace
+
+std::vector<std::string> known_isa_paths() {
+  std::vector<std::string> names;
+  for (const IsaPath& path : kPaths) names.emplace_back(path.name);
+  return names;
+}
+
+std::vector<std::string> available_isa_paths() {
+  cpu_init();
+  std::vector<std::string> names;
+  for (const IsaPath& path : kPaths) {
+    if (path.supported()) names.emplace_back(path.name);
+  }
+  return names;
+}
+
+std::string isa_path() { return selected().load()->name; }
+
+std::string select_isa_path(const std::string& name) {
+  cpu_init();
+  for (const IsaPath& path : kPaths) {
+    if (name != path.name) continue;
+    if (!path.supported()) return "this CPU cannot run the " + name + " path";
+    selected().store(&path);
+    return "";
+  }
+  return "unknown path " + name;
+}
+
+void block_attention_residuals_forward(const ForwardArgs& args, int max_threads) {
+  selected().load()->kernels.forward(args, max_threads);
+}
+
+void block_attention_residuals_backward(const BackwardArgs& args, int max_threads) {
+  selected().load()->kernels.backward(args, max_threads);
+}
+
+}  // namespace attnres

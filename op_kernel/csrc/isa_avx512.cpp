@@ -1,0 +1,19 @@
+// The kernels for AVX-512 (F, BW, VL): attnres::avx512::forward/backward. Only what follows
+// the pragma is compiled for those instructions (isa_common.h says why); dispatch.cpp calls
+// it only on a CPU that has them.
+
+#include "isa_common.h"
+
+#if ATTNRES_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+namespace attnres {
+namespace avx512 {
+#include "simd_avx512.h"
+#include "kernel_loops.h"
+#include "forward_kernel.h"
+#include "backward_kernel.h"
+}  // namespace avx512
+}  // namespace attnres
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,12 @@
+// The kernels for any CPU (the baseline instruction set): attnres::scalar::forward/backward.
+
+#include "isa_common.h"
+
+namespace attnres {
+namespace scalar {
+#include "simd_scalar.h"
+#include "kernel_loops.h"
+#include "forward_kernel.h"
+#include "backward_kernel.h"
+}  // namespace scalar
+}  // namespace attnres

@@ -1,0 +1,167 @@
+// The loops the forward and backward kernels share, written against the V16 operations of
+// the instruction set being compiled (simd_*.h): included inside that instruction set's
+// namespace by isa_*.cpp, after its target pragma, never on its own.
+
+// n V16 values, zeroed, on the heap. (std::vector<V16> would instantiate library code that
+// is compiled for the baseline instruction set yet moves this instruction set's vectors.)
+class LaneArray {
+ public:
+  explicit LaneArray(int64_t n) : data_(new V16[n]()) {}
+  ~LaneArray() { delete[] data_; }
+  LaneArray(const LaneArray&) = delete;
+  LaneArray& operator=(const LaneArray&) = delete;
+  V16& operator[](int64_t i) { return data_[i]; }
+  V16* data() { return data_; }
+
+ private:
+  V16* data_;
+};
+
+// body(i) for every i in [0, tasks) on at most max_threads threads (thread_pool.h).
+template <typename Body>
+inline void parallel_tasks(int64_t tasks, int max_threads, const Body& body) {
+  run_tasks(
+      tasks, max_threads, [](void* context, int64_t task) { (*static_cast<const Body*>(context))(task); },
+      const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+// One 64-byte line of a row from its groups: two for the 16-bit types (converted together
+// where the instruction set can), one for float32.
+template <bool kStream, typename T>
+inline void store_line(T* p, const V16* groups) {
+  if constexpr (sizeof(T) == 2) {
+    if (kStream) {
+      vstream_pair(p, groups[0], groups[1]);
+    } else {
+      vstore_pair(p, groups[0], groups[1]);
+    }
+  } else if (kStream) {
+    vstream(p, groups[0]);
+  } else {
+    vstore(p, groups[0]);
+  }
+}
+
+// G consecutive groups, a line at a time.
+template <int G, bool kStream, typename T>
+inline void store_groups(T* p, const V16* groups) {
+  constexpr int kPerLine = sizeof(T) == 2 ? 2 : 1;
+  int g = 0;
+  for (; g + kPerLine <= G; g += kPerLine) store_line<kStream>(p + g * kLanes, groups + g);
+  for (; g < G; ++g) {
+    if (kStream) {
+      vstream(p + g * kLanes, groups[g]);
+    } else {
+      vstore(p + g * kLanes, groups[g]);
+    }
+  }
+}
+
+// A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
+template <typename T>
+inline V16 vload_partial(const T* p, int64_t n) {
+  T buf[kLanes];
+  std::memset(static_cast<void*>(buf), 0, sizeof buf);  // zero bits are +0.0 in every dtype
+  std::memcpy(static_cast<void*>(buf), p, static_cast<size_t>(n) * sizeof(T));
+  return vload(buf);
+}
+
+template <typename T>
+inline void vstore_partial(T* p, V16 v, int64_t n) {
+  T buf[kLanes];
+  vstore(buf, v);
+  std::memcpy(static_cast<void*>(p), buf, static_cast<size_t>(n) * sizeof(T));
+}
+
+// ---------------------------------------------------------------------------
+// Shared loops.
+
+// Lanes of two sums over hidden [h0, h1) for one row v of one token:
+//   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared float row x (the backward's go)
+//   y_lanes += v[h] * w[h]   w: the float32 score weight
+// x and w are float buffers in the lane layout of T, zero padded to a multiple of 16.
+// ahead (elements, 0 for none): each step prefetches v[h + ahead]. The rows of consecutive
+// tokens follow one another in memory, so a distance of a few KiB keeps the memory reads of
+// this pass in flight while it computes (the hardware prefetcher alone falls behind). A
+// prefetch never faults, so running past the end of a row or buffer is harmless.
+template <bool kSquares, typename T>
+inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, int64_t h1, V16& x_lanes,
+                        V16& y_lanes, int64_t ahead = 0) {
+  V16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
+  int64_t h = h0;
+  for (; h + kLanes <= h1; h += kLanes) {
+    if (ahead != 0) prefetch(v + h + ahead);
+    const V16 value = vload(v + h);
+    xs = vfma(value, kSquares ? value : vload(x + h), xs);
+    ys = vfma(value, vload(w + h), ys);
+  }
+  if (h < h1) {  // the last, partial group (h1 == H), zero padded
+    const V16 value = vload_partial(v + h, h1 - h);
+    xs = vfma(value, kSquares ? value : vload(x + h), xs);
+    ys = vfma(value, vload(w + h), ys);
+  }
+  x_lanes = xs;
+  y_lanes = ys;
+}
+
+// The same for two rows a and b at once: 8 independent chains of fused multiply-adds
+// instead of 4. Each row's lanes see exactly the operations dot_lanes_1 would apply.
+template <bool kSquares, typename T>
+inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, int64_t h0, int64_t h1, V16& xa,
+                        V16& ya, V16& xb, V16& yb, int64_t ahead = 0) {
+  V16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
+  int64_t h = h0;
+  for (; h + kLanes <= h1; h += kLanes) {
+    if (ahead != 0) {
+      prefetch(a + h + ahead);
+      prefetch(b + h + ahead);
+    }
+    const V16 va = vload(a + h), vb = vload(b + h), wv = vload(w + h);
+    V16 xv;
+    if (!kSquares) xv = vload(x + h);
+    xa_ = vfma(va, kSquares ? va : xv, xa_);
+    ya_ = vfma(va, wv, ya_);
+    xb_ = vfma(vb, kSquares ? vb : xv, xb_);
+    yb_ = vfma(vb, wv, yb_);
+  }
+  xa = xa_;
+  ya = ya_;
+  xb = xb_;
+  yb = yb_;
+  if (h < h1) {
+    dot_lanes_1<kSquares>(a, x, w, h, h1, xa, ya);
+    dot_lanes_1<kSquares>(b, x, w, h, h1, xb, yb);
+  }
+}
+
+// All rows of one token over [h0, h1), two rows at a time.
+template <bool kSquares, typename T>
+inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const float* x, const float* w, int64_t h0,
+                           int64_t h1, V16* x_lanes, V16* y_lanes, int64_t ahead = 0) {
+  int64_t i = 0;
+  for (; i + 2 <= row_num; i += 2) {
+    dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
+                          y_lanes[i + 1], ahead);
+  }
+  if (i < row_num) dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], ahead);
+}
+
+
+// A row of T as float32 in the lane layout of T, zero padded: [H_pad]
+template <typename T>
+inline void to_lane_layout(const T* row, int64_t hidden, float* out) {
+  int64_t h = 0;
+  for (; h + kLanes <= hidden; h += kLanes) vstore(out + h, vload(row + h));
+  if (h < hidden) vstore(out + h, vload_partial(row + h, hidden - h));
+}
+
+// w[h] = norm_weight[h] * proj_weight[h] rounded to float32, in the lane layout of T, zero padded: [H_pad]
+template <typename T>
+inline void score_weight(const T* norm_weight, const T* proj_weight, int64_t hidden, float* w) {
+  int64_t h = 0;
+  for (; h + kLanes <= hidden; h += kLanes) vstore(w + h, vmul(vload(norm_weight + h), vload(proj_weight + h)));
+  if (h < hidden) {
+    vstore(w + h, vmul(vload_partial(norm_weight + h, hidden - h), vload_partial(proj_weight + h, hidden - h)));
+  }
+}
+

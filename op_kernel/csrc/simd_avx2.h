@@ -1,0 +1,106 @@
+// V16, the 16 float32 lanes, with AVX2, FMA and F16C: two 8-wide registers. Included by
+// isa_avx2.cpp and isa_avx512bf16.cpp inside their namespaces, after their target pragmas;
+// ATTNRES_AVX2_BF16 (1 or 0) says whether AVX512-BF16 converts to bfloat16.
+
+struct V16 {
+  __m256 lo, hi;
+};
+
+inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+
+// The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
+inline float lane_sum(V16 v) {
+  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+
+// bfloat16 in the lane layout of lane_element: `lo` takes the even elements (shifted
+// up), `hi` the odd ones (low half masked off).
+inline V16 vload(const BF16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)),
+          _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+
+inline V16 vload(const FP16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(raw)), _mm256_cvtph_ps(_mm256_extracti128_si256(raw, 1))};
+}
+
+// float32 -> bfloat16, round to nearest even, NaN -> 0x7fc0, 8 at a time: the 16-bit
+// result in the top half of each 32-bit slot (the bottom half is garbage).
+inline __m256i bf16_high_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+                                              _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan));
+}
+
+// The inverse of vload(const BF16*): even elements from lo, odd from hi, in memory order.
+inline __m256i pack_bf16_integer(V16 v) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(bf16_high_bits(v.lo), 16), bf16_high_bits(v.hi), 0xaa);
+}
+
+#if ATTNRES_AVX2_BF16
+// With AVX512-BF16 (and VL, DQ) on these 256-bit registers: vcvtneps2bf16 rounds to nearest
+// even like from_float<BF16>, but flushes subnormal inputs to zero and keeps a NaN's sign and
+// payload; a group holding either (vfpclassps: quiet or signalling NaN, subnormal) takes the
+// integer rounding instead, so the bits never differ. The 8 even and 8 odd elements are
+// then interleaved into memory order.
+inline __m256i pack_bf16(V16 v) {
+  constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;
+  if ((_mm256_fpclass_ps_mask(v.lo, kNanOrSubnormal) | _mm256_fpclass_ps_mask(v.hi, kNanOrSubnormal)) != 0) {
+    return pack_bf16_integer(v);
+  }
+  const __m128i even = (__m128i)_mm256_cvtneps_pbh(v.lo), odd = (__m128i)_mm256_cvtneps_pbh(v.hi);
+  return _mm256_set_m128i(_mm_unpackhi_epi16(even, odd), _mm_unpacklo_epi16(even, odd));
+}
+#else
+inline __m256i pack_bf16(V16 v) { return pack_bf16_integer(v); }
+#endif
+
+inline __m256i pack_fp16(V16 v) {
+  return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
+                          _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT));
+}
+
+inline void vstore(float* p, V16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+inline void vstore(BF16* p, V16 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), pack_bf16(v)); }
+inline void vstore(FP16* p, V16 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), pack_fp16(v)); }
+
+// Non-temporal stores: the line goes to memory without first being read (no
+// read-for-ownership). p must be 32-byte aligned; callers check.
+inline void vstream(float* p, V16 v) {
+  _mm256_stream_ps(p, v.lo);
+  _mm256_stream_ps(p + 8, v.hi);
+}
+inline void vstream(BF16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(v)); }
+inline void vstream(FP16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(v)); }
+// Two consecutive groups (32 elements of a 16-bit type).
+template <typename T>
+inline void vstore_pair(T* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+template <typename T>
+inline void vstream_pair(T* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+
+inline void stream_fence() { _mm_sfence(); }
+
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

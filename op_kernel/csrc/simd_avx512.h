@@ -1,0 +1,112 @@
+// V16, the 16 float32 lanes, with AVX-512 (F, BW, VL): one 512-bit register. Included by
+// isa_avx512.cpp inside its namespace, after its target pragma.
+// The lanes hold the same elements as on the other instruction sets (lane_element), so
+// every operation gives their bits.
+
+struct V16 {
+  __m512 v;
+};
+
+inline V16 vzero() { return {_mm512_setzero_ps()}; }
+inline V16 vset(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+
+// The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
+inline float lane_sum(V16 x) {
+  const __m256 lo = _mm512_castps512_ps256(x.v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+
+// bfloat16 in the lane layout of lane_element (lanes 0-7 the even elements, 8-15 the odd
+// ones) with one shuffle: word 2l+1 of the result (the high half of lane l) takes element
+// lane_element(l), the low halves are zeroed.
+alignas(64) constexpr uint16_t kBf16LoadWords[32] = {0, 0, 0, 2, 0, 4, 0, 6, 0, 8, 0, 10, 0, 12, 0, 14,
+                                                     0, 1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15};
+inline V16 vload(const BF16* p) {
+  const __m512i raw = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i order = _mm512_load_si512(kBf16LoadWords);
+  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, order, raw))};
+}
+
+inline V16 vload(const FP16* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+
+// Word e of a stored bfloat16 group comes from lane lane_element^-1(e): 0,8,1,9,..,7,15.
+// kBf16HighWords picks the high word (the bfloat16) of that lane's 32 bits.
+alignas(64) constexpr uint16_t kBf16HighWords[32] = {1,  17, 3,  19, 5,  21, 7,  23, 9, 25, 11,
+                                                     27, 13, 29, 15, 31, 0,  0,  0,  0, 0,  0};
+// The same for two groups: the high words of a's lanes, then of b's (indices 32 and up).
+alignas(64) constexpr uint16_t kBf16PairHighWords[32] = {1,  17, 3,  19, 5,  21, 7,  23, 9,  25, 11,
+                                                         27, 13, 29, 15, 31, 33, 49, 35, 51, 37, 53,
+                                                         39, 55, 41, 57, 43, 59, 45, 61, 47, 63};
+
+// float32 -> bfloat16 by integer rounding, exactly as from_float<BF16>: round to nearest
+// even, NaN to 0x7fc0; the 16 results in memory order.
+// Each 32-bit lane rounded, its bfloat16 in the high half.
+inline __m512i bf16_rounded_lanes(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+}
+
+inline __m256i pack_bf16_integer(__m512 x) {
+  const __m512i order = _mm512_load_si512(kBf16HighWords);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, bf16_rounded_lanes(x)));
+}
+
+// Two groups at once: 32 bfloat16 in memory order, a's first.
+inline __m512i pack_bf16_pair_integer(__m512 a, __m512 b) {
+  const __m512i order = _mm512_load_si512(kBf16PairHighWords);
+  return _mm512_permutex2var_epi16(bf16_rounded_lanes(a), order, bf16_rounded_lanes(b));
+}
+
+// Packed by integer rounding; the AVX512-BF16 conversion is the avx512bf16 path's, on 256-bit
+// registers (isa_avx512bf16.cpp).
+inline __m256i pack_bf16(V16 x) { return pack_bf16_integer(x.v); }
+inline __m512i pack_bf16_pair(V16 a, V16 b) { return pack_bf16_pair_integer(a.v, b.v); }
+
+inline __m256i pack_fp16(V16 x) { return _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT); }
+
+inline void vstore(float* p, V16 x) { _mm512_storeu_ps(p, x.v); }
+inline void vstore(BF16* p, V16 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), pack_bf16(x)); }
+inline void vstore(FP16* p, V16 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), pack_fp16(x)); }
+
+// Non-temporal stores: the line goes to memory without first being read (no
+// read-for-ownership). p must be 32-byte aligned (can_stream), so float32 groups go as
+// two 256-bit halves.
+inline void vstream(float* p, V16 x) {
+  _mm256_stream_ps(p, _mm512_castps512_ps256(x.v));
+  _mm256_stream_ps(p + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));
+}
+inline void vstream(BF16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(x)); }
+inline void vstream(FP16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(x)); }
+
+// Two consecutive groups (32 elements of a 16-bit type). Streaming halves: p is only known to be
+// 32-byte aligned.
+inline void vstore_pair(BF16* p, V16 a, V16 b) { _mm512_storeu_si512(p, pack_bf16_pair(a, b)); }
+inline void vstream_pair(BF16* p, V16 a, V16 b) {
+  const __m512i packed = pack_bf16_pair(a, b);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 16), _mm512_extracti64x4_epi64(packed, 1));
+}
+inline void vstore_pair(FP16* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+inline void vstream_pair(FP16* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+inline void stream_fence() { _mm_sfence(); }
+
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

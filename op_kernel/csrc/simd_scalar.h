@@ -1,0 +1,100 @@
+// V16, the 16 float32 lanes, for any CPU: an array, one lane at a time. Included by
+// isa_scalar.cpp inside its namespace. Every operation gives the bits of its vector
+// counterparts in simd_avx2.h and simd_avx512.h: fmaf rounds once like the FMA
+// instructions, lane_sum uses the same tree, bfloat16 uses the same lane layout
+// (lane_element) and conversions (NaN to 0x7fc0), float16 converts like F16C.
+
+struct V16 {
+  float l[16];
+};
+
+inline V16 vzero() { return V16{}; }
+inline V16 vset(float x) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) r.l[i] = x;
+  return r;
+}
+// a * b + c with one rounding.
+inline V16 vfma(V16 a, V16 b, V16 c) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) r.l[i] = std::fmaf(a.l[i], b.l[i], c.l[i]);
+  return r;
+}
+inline V16 vmul(V16 a, V16 b) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) r.l[i] = a.l[i] * b.l[i];
+  return r;
+}
+// The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
+inline float lane_sum(V16 v) {
+  float s[8];
+  for (int i = 0; i < 8; ++i) s[i] = v.l[i] + v.l[i + 8];
+  for (int i = 0; i < 4; ++i) s[i] = s[i] + s[i + 4];
+  for (int i = 0; i < 2; ++i) s[i] = s[i] + s[i + 2];
+  return s[0] + s[1];
+}
+
+// float16 -> float32 as vcvtph2ps does it: exact, a signalling NaN comes back quiet.
+inline float fp16_lane(FP16 x) {
+  float f = to_float(x);
+  if (std::isnan(f)) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits |= 0x00400000u;
+    std::memcpy(&f, &bits, sizeof f);
+  }
+  return f;
+}
+
+// float32 -> float16 as vcvtps2ph does it: round to nearest even, and a NaN keeps its
+// sign and the top bits of its payload (from_float<FP16> makes every NaN 0x7e00).
+inline FP16 fp16_pack_lane(float x) {
+  if (!std::isnan(x)) return from_float<FP16>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return FP16{static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu))};
+}
+
+inline V16 vload(const float* p) {
+  V16 r;
+  std::memcpy(r.l, p, sizeof r.l);
+  return r;
+}
+inline V16 vload(const BF16* p) {
+  V16 r;
+  for (int lane = 0; lane < 16; ++lane) r.l[lane] = to_float(p[lane_element<BF16>(lane)]);
+  return r;
+}
+inline V16 vload(const FP16* p) {
+  V16 r;
+  for (int lane = 0; lane < 16; ++lane) r.l[lane] = fp16_lane(p[lane]);
+  return r;
+}
+
+inline void vstore(float* p, V16 v) { std::memcpy(p, v.l, sizeof v.l); }
+inline void vstore(BF16* p, V16 v) {
+  for (int lane = 0; lane < 16; ++lane) p[lane_element<BF16>(lane)] = from_float<BF16>(v.l[lane]);
+}
+inline void vstore(FP16* p, V16 v) {
+  for (int lane = 0; lane < 16; ++lane) p[lane] = fp16_pack_lane(v.l[lane]);
+}
+
+// No portable non-temporal store: a plain one (the same bits).
+template <typename T>
+inline void vstream(T* p, V16 v) {
+  vstore(p, v);
+}
+// Two consecutive groups (32 elements of a 16-bit type).
+template <typename T>
+inline void vstore_pair(T* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+template <typename T>
+inline void vstream_pair(T* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+
+inline void stream_fence() {}
+inline void prefetch(const void* p) { __builtin_prefetch(p); }

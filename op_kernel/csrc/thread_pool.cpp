@@ -1,0 +1,123 @@
+// The kernels' thread pool (see thread_pool.h).
+
+#include "thread_pool.h"
+
+#include <pthread.h>
+
+#include <cfenv>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+namespace attnres {
+namespace {
+
+thread_local int g_last_call_threads = 0;
+
+class Pool {
+ public:
+  // Runs the call on the caller and up to `helpers` workers; the threads it ran on, or 0 (nothing
+  // run) when the pool is busy.
+  int try_run(int64_t tasks, int helpers, TaskFunction task, void* context) {
+    std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
+    if (!busy.owns_lock()) return 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (started_ < helpers) {  // workers are started on first need and then kept
+        try {
+          std::thread(&Pool::work, this, started_).detach();
+        } catch (const std::system_error&) {  // no more threads to be had: run with those there are
+          break;
+        }
+        ++started_;
+      }
+      helpers = std::min(helpers, started_);
+      std::fegetenv(&caller_fenv_);
+      task_ = task;
+      context_ = context;
+      tasks_ = tasks;
+      next_.store(0, std::memory_order_relaxed);
+      helpers_ = helpers;
+      running_ = helpers;
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_share();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return running_ == 0; });
+    return helpers + 1;
+  }
+
+ private:
+  void run_share() {
+    for (int64_t i = next_.fetch_add(1); i < tasks_; i = next_.fetch_add(1)) task_(context_, i);
+  }
+
+  void work(int index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      // Sleep until a call that wants this worker: workers past `helpers_` stay asleep.
+      wake_.wait(lock, [&] { return generation_ != seen && index < helpers_; });
+      seen = generation_;
+      // The caller's floating-point environment (rounding, flush-to-zero): a task's bits
+      // must not depend on the thread that runs it.
+      std::fesetenv(&caller_fenv_);
+      lock.unlock();
+      run_share();
+      lock.lock();
+      if (--running_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex call_mutex_;  // one call at a time
+  std::mutex mutex_;       // guards everything below but next_
+  std::condition_variable wake_, done_;
+  int started_ = 0;
+  uint64_t generation_ = 0;
+  int helpers_ = 0, running_ = 0;
+  std::fenv_t caller_fenv_{};
+  TaskFunction task_ = nullptr;
+  void* context_ = nullptr;
+  int64_t tasks_ = 0;
+  std::atomic<int64_t> next_{0};
+};
+
+Pool* g_pool = nullptr;
+std::once_flag g_pool_once;
+
+// In a forked child only the forking thread exists: the parent's workers are gone and the
+// pool's state may be mid-call. The child starts a new, empty pool; the old one is left
+// alone (destroying its mutexes or condition variables would be undefined).
+void start_new_pool_in_child() { g_pool = new Pool(); }
+
+Pool& pool() {
+  std::call_once(g_pool_once, [] {
+    g_pool = new Pool();
+    pthread_atfork(nullptr, nullptr, start_new_pool_in_child);
+  });
+  return *g_pool;
+}
+
+}  // namespace
+
+void run_tasks(int64_t tasks, int max_threads, TaskFunction task, void* context) {
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tasks, max_threads)));
+  if (threads > 1) {
+    const int used = pool().try_run(tasks, threads - 1, task, context);
+    if (used > 0) {
+      g_last_call_threads = used;
+      return;
+    }
+  }
+  for (int64_t i = 0; i < tasks; ++i) task(context, i);
+  g_last_call_threads = 1;
+}
+
+int last_call_threads() { return g_last_call_threads; }
+
+}  // namespace attnres

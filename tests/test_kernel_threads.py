@@ -1,0 +1,176 @@
+"""The native kernels' threads: at most torch.get_num_threads() of them (from Python and from the
+C++ entry), the same bits for any count, idle between calls, and a forked child can call the op."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, make_inputs
+
+from attnres_ge.ge_plugin import op_common
+from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
+from attnres_ge.op_kernel import get_kernels
+
+native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
+FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
+TIMEOUT_S = 240  # a hang fails the test instead of the suite
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def forward_on(inputs, cores):
+    """The native forward with a tiling planned for `cores` cores (tasks), whatever the host has."""
+    partial, blocks, _, _ = inputs
+    tokens, count, hidden = blocks.shape
+    platform = PlatformInfo(PlatformProfile("test", cores, 1 << 20))
+    result = forward_tiling.tiling(forward_tiling.parse(platform), tokens, count, hidden, partial.dtype, 1e-6, True,
+                                   platform)
+    assert result.data.used_core_num == cores
+    outputs = (torch.empty_like(partial), torch.empty(tokens, count + 1), torch.empty(tokens, count + 1))
+    get_kernels("native")["BlockAttentionResiduals"](*inputs, *outputs, torch.empty(0, dtype=torch.uint8),
+                                                      result.data)
+    return outputs
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_a_call_uses_at_most_torchs_thread_count_with_the_same_bits(threads, restore_threads):
+    inputs = make_inputs(64, 3, 100, seed=1)
+    torch.set_num_threads(1)
+    expected = forward_on(inputs, 6)
+    torch.set_num_threads(threads)
+    outputs = forward_on(inputs, 6)  # six tasks
+    assert native.last_call_threads() == min(threads, 6)
+    for name, a, b in zip(FORWARD_NAMES, outputs, expected, strict=True):
+        assert_bitwise_equal(name, a, b)
+
+
+@pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
+def test_the_cpp_entry_passes_torchs_thread_count(restore_threads, monkeypatch):
+    from attnres_ge.op_host.runtime import default_runtime
+    from attnres_ge.op_proto import FORWARD, TensorMeta
+
+    op = torch.ops.attnres.block_attention_residuals.default
+    inputs = make_inputs(512, 3, 96, seed=2)
+    metas = {"partial_block": TensorMeta((512, 96), torch.float32),
+             "block_res": TensorMeta((512, 3, 96), torch.float32)}
+    tasks = default_runtime().tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True})).data
+    python_entry_calls = []
+    launch = op_common._launch
+    monkeypatch.setattr(op_common, "_launch", lambda *args: python_entry_calls.append(1) or launch(*args))
+    op(*inputs, -1, 1e-6, True)  # the first call of a signature runs the Python entry; repeats run in C++
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        op(*inputs, -1, 1e-6, True)
+        assert native.last_call_threads() == min(threads, tasks.used_core_num)
+    assert len(python_entry_calls) <= 1  # the repeats ran in C++
+
+
+def run_script(body: str) -> subprocess.CompletedProcess:
+    script = textwrap.dedent(body)
+    try:
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S,
+                              cwd=os.path.dirname(__file__))
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the script hung (killed after {TIMEOUT_S} s); stderr so far: {error.stderr!r}")
+
+
+FORK_SCRIPT = """
+    import os
+    import torch
+    from conftest import make_inputs
+    from test_kernel_threads import forward_on
+    from attnres_ge import block_attention_residuals
+    from attnres_ge.op_kernel import native
+
+    inputs = make_inputs(48, 3, 64, seed=3)
+    torch.set_num_threads(2)
+    parent_kernel = forward_on(inputs, 4)[0]
+    assert native.last_call_threads() == 2  # the parent's pool has a worker when it forks
+    parent_op = block_attention_residuals(*inputs)
+    pid = os.fork()
+    if pid == 0:
+        if {limit}:
+            torch.set_num_threads(1)
+        same = torch.equal(forward_on(inputs, 4)[0].view(torch.int32), parent_kernel.view(torch.int32))
+        threads = native.last_call_threads()
+        same_op = torch.equal(block_attention_residuals(*inputs).view(torch.int32), parent_op.view(torch.int32))
+        os._exit(0 if same and same_op and threads == torch.get_num_threads() else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("limit", [True, False], ids=["child-set_num_threads-1", "child-default-threads"])
+def test_a_forked_child_calls_the_op_after_the_parent_did(limit):
+    result = run_script(FORK_SCRIPT.format(limit=limit))
+    assert result.returncode == 0, result.stderr
+    assert "child exit 0" in result.stdout, result.stdout + result.stderr
+
+
+IDLE_SCRIPT = """
+    import os, threading, time
+    import torch
+    from conftest import make_inputs
+    from test_kernel_threads import forward_on
+    from attnres_ge.op_kernel import native
+
+    def other_threads_cpu_ticks():
+        main = threading.get_native_id()
+        ticks = 0
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) != main:
+                with open(f"/proc/self/task/{tid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks
+
+    inputs = make_inputs(256, 4, 512, seed=4)
+    torch.set_num_threads(4)
+    threads_before = len(os.listdir("/proc/self/task"))
+    forward_on(inputs, 4)
+    assert native.last_call_threads() == 4
+    print("new threads", len(os.listdir("/proc/self/task")) - threads_before)
+    start = other_threads_cpu_ticks()
+    time.sleep(0.5)
+    print("idle ticks", other_threads_cpu_ticks() - start, "per second", os.sysconf("SC_CLK_TCK"))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
+def test_worker_threads_sleep_between_calls():
+    """After a call, the kernel's workers take no CPU time (no spinning against the caller's next op)."""
+    result = run_script(IDLE_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    new_threads = int(result.stdout.split("new threads ")[1].split()[0])
+    idle_ticks = int(result.stdout.split("idle ticks ")[1].split()[0])
+    assert new_threads == 3  # three workers beside the caller
+    assert idle_ticks <= 2, f"the workers used {idle_ticks} clock ticks in 0.5 s of idling"
+
+
+def test_one_thread_starts_no_worker():
+    result = run_script("""
+        import os
+        import torch
+        from conftest import make_inputs
+        from test_kernel_threads import forward_on
+        from attnres_ge.op_kernel import native
+
+        torch.set_num_threads(1)
+        inputs = make_inputs(64, 3, 64, seed=6)
+        before = len(os.listdir("/proc/self/task"))
+        forward_on(inputs, 4)
+        print(native.last_call_threads(), len(os.listdir("/proc/self/task")) - before)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "0"]
