@@ -422,10 +422,11 @@ def kernel_threads() -> int:
 
 
 def machine() -> dict:
-    from .op_kernel import describe_implementation
+    from .op_kernel import active_implementation, describe_implementation
 
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "kernel_threads": kernel_threads(), "kernels": describe_implementation(),
+            "kernel_threads": kernel_threads(), "kernels": active_implementation(),
+            "kernel_path": describe_implementation(),
             "machine": host_platform.machine(), "processor": host_platform.processor()}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -556,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     about = machine()
-    print(f"kernels: {about['kernels']}, {about['kernel_threads']} kernel threads, "
+    print(f"kernels: {about['kernel_path']}, {about['kernel_threads']} kernel threads, "
           f"{about['torch_threads']} torch threads")
     print(f"machine: {about}")
     for shape_name, shape in shapes.items():

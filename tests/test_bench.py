@@ -27,7 +27,7 @@ def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
                          "--rounds", "3", "--overhead-rounds", "21", "--json", str(out)])
     assert status == 0
     header = capsys.readouterr().out.splitlines()[0]
-    assert "ISA path" in header and "kernel threads" in header
+    assert "kernels: " in header and "kernel threads" in header
     report = json.loads(out.read_text())
     keys = {(m["provider"], m["direction"]) for m in report["results"]}
     assert keys == {(p, d) for p in providers for d in ("forward", "backward")}
