@@ -5,6 +5,9 @@ attnres_ge), checkpointing, torch.export."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import assert_bitwise_equal, assert_close_to_reference, make_inputs
@@ -274,3 +277,15 @@ def test_torch_export_and_aot_inductor(tmp_path):
         loaded = torch._inductor.aoti_load_package(package)
         torch.testing.assert_close(loaded(*shaped), expected, rtol=0, atol=0)
     assert attnres_ge.block_attention_residuals is block_attention_residuals
+
+
+def test_the_documented_autocast_snippet_runs():
+    """docs/using.md's first example: a [B, S, H] model under autocast, bf16 activations, float32 gradients."""
+    text = (Path(__file__).parents[1] / "docs" / "using.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/using.md", "exec"), namespace)  # noqa: S102  (the repository's own example)
+    assert namespace["x"].shape == (8, 64, 256) and namespace["x"].dtype == torch.bfloat16
+    grads = [layer.proj_weight.grad for layer in namespace["mixers"]]
+    assert all(grad is not None and grad.dtype == torch.float32 for grad in grads)
+    assert all(grad.abs().max() > 0 for grad in grads[1:])  # the first layer mixes one block and a zero partial
