@@ -287,3 +287,23 @@ def test_the_documented_autocast_snippet_runs():
     grads = [layer.proj_weight.grad for layer in namespace["mixers"]]
     assert all(grad is not None and grad.dtype == torch.float32 for grad in grads)
     assert all(grad.abs().max() > 0 for grad in grads[1:])  # the first layer mixes one block and a zero partial
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["inductor", "attnres_ge"])
+def test_a_loss_on_probs_under_torch_compile_equals_eager(backend):
+    """The statistics' gradient (torch formulas) traced into the compiled backward."""
+    inputs = _inputs(5, 3, 16)
+
+    def loss(*tensors):
+        hidden, probs = block_attention_residuals(*tensors, return_probs=True)
+        return hidden.square().sum() + (probs * torch.arange(4.0)).sum()
+
+    def grads(function):
+        leaves = [tensor.clone().requires_grad_() for tensor in inputs]
+        function(*leaves).backward()
+        return [leaf.grad for leaf in leaves]
+
+    tolerance = {"rtol": 0, "atol": 0} if backend == "attnres_ge" else {"rtol": 1e-5, "atol": 1e-5}
+    for compiled, eager in zip(grads(torch.compile(loss, backend=backend, fullgraph=True)), grads(loss), strict=True):
+        torch.testing.assert_close(compiled, eager, **tolerance)
