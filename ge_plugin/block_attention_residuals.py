@@ -79,8 +79,18 @@ class ForwardFunction(torch.autograd.Function):
             ctx.mark_non_differentiable(inv_norm, probs)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(partial_block, block_res, proj_weight, norm_weight, inv_norm, probs)
+        ctx.save_for_forward(partial_block, block_res, proj_weight, norm_weight)
         ctx.norm_eps = norm_eps
         ctx.saved_stats = need_backward
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """Forward-mode AD (torch.func.jvp, jacfwd, hessian): the forward's formula in torch ops."""
+        outputs = torch_formulas.jvp(lambda *tensors: torch_formulas.forward(*tensors, ctx.norm_eps),
+                                     ctx.saved_tensors, tangents[:4])
+        if not ctx.saved_stats:  # the statistics are the empty, non-differentiable [0] outputs
+            return outputs[0], None, None
+        return outputs
 
     @staticmethod
     def backward(ctx, grad_hidden_states, grad_inv_norm, grad_probs):

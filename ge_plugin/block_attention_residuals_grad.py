@@ -67,6 +67,14 @@ class BackwardFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs[:7])
+        ctx.save_for_forward(*inputs[:7])
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        """Forward-mode AD (torch.func.jvp, jacfwd, hessian): the backward's formula in torch ops."""
+        dtype = ctx.saved_tensors[0].dtype
+        return tuple(tangent.to(dtype) for tangent in torch_formulas.jvp(torch_formulas.backward, ctx.saved_tensors,
+                                                                         tangents[:7]))
 
     @staticmethod
     def backward(ctx, *grad_outputs):

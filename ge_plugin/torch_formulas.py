@@ -1,7 +1,7 @@
 """The ops' math in differentiable torch ops, accumulated in float32 (SPEC.md's formulas).
 
 The kernels compute first-order results; these formulas are what autograd differentiates where a
-derivative of the kernels' outputs is needed beyond that:
+derivative of the kernels' outputs is needed beyond that (and forward-mode AD, `jvp`, under torch.func):
 
 - `statistics_vjp`: the gradient of the forward's `inv_norm` and `probs` outputs with respect to the
   four inputs (they are outputs of the forward op like `hidden_states`, so a loss may use them);
@@ -35,6 +35,13 @@ def statistics(partial_block, block_res, proj_weight, norm_weight, norm_eps: flo
     return inv_norm, torch.softmax(scores, dim=-1)
 
 
+def forward(partial_block, block_res, proj_weight, norm_weight, norm_eps: float):
+    """The forward op's (hidden_states in partial_block's dtype, inv_norm, probs)."""
+    inv_norm, probs = statistics(partial_block, block_res, proj_weight, norm_weight, norm_eps)
+    hidden_states = (probs.unsqueeze(-1) * _values(partial_block, block_res)).sum(dim=-2)
+    return hidden_states.to(partial_block.dtype), inv_norm, probs
+
+
 def backward(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs):
     """The backward op's (grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight), float32,
     from the given statistics (SPEC.md's BlockAttentionResidualsGrad)."""
@@ -55,6 +62,12 @@ def backward(partial_block, block_res, proj_weight, norm_weight, grad_hidden_sta
     grad_proj = (grad_weight * norm_weight.float()).reshape(proj_weight.shape)
     grad_norm = grad_weight * proj_weight.reshape(-1).float()
     return grad_values[..., -1, :], grad_values[..., :-1, :], grad_proj, grad_norm
+
+
+def jvp(function, primals, tangents):
+    """Tangents of `function`'s outputs at `primals` along `tangents` (None entries count as zero)."""
+    tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents, strict=True))
+    return torch.func.jvp(function, tuple(primals), tangents)[1]
 
 
 def _vjp(function, primals, cotangents):

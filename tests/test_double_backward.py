@@ -9,11 +9,15 @@ compare with atol = rtol = 1e-2 on O(1) values (a wrong or zero second derivativ
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_inputs
+from conftest import assert_bitwise_equal, make_inputs
 
 import attnres_ge
 from attnres_ge import block_attention_residuals_reference, op_kernel
@@ -153,3 +157,40 @@ def test_double_backward_under_torch_compile_raises(backend):
     grads = torch.autograd.grad(compiled(*leaves).pow(2).sum(), leaves, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         sum(grad.pow(2).sum() for grad in grads).backward()
+
+
+def penalty_and_func_grads() -> list[torch.Tensor]:
+    """Second-order gradients of a penalty, then torch.func.grad of the loss (run with and without the C++ entry)."""
+    inputs = _inputs(seed=7)
+    weights = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(8))
+    second = _second_order(attnres_ge.block_attention_residuals, inputs, weights, torch.float32)
+
+    def loss(*tensors):
+        return (attnres_ge.block_attention_residuals(*tensors) * weights).sum()
+
+    return [*second, *torch.func.grad(loss, argnums=(0, 1, 2, 3))(*inputs)]
+
+
+PYTHON_ENTRY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["attnres_ge.ge_plugin._cpp_entry"] = None  # as if the extension were not built
+    import torch
+    from attnres_ge.ge_plugin import op_common
+    assert not op_common.CPP_ENTRY
+    sys.path.insert(0, {tests!r})
+    from test_double_backward import penalty_and_func_grads
+    torch.save(penalty_and_func_grads(), {path!r})
+    """
+)
+
+
+@pytest.mark.slow
+def test_without_the_cpp_entry_the_same_bits(tmp_path):
+    """The Python registrations (no C++ entry) give the same second-order and torch.func results."""
+    path = tmp_path / "python_entry.pt"
+    script = PYTHON_ENTRY_SCRIPT.format(tests=str(Path(__file__).parent), path=str(path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for index, (python_entry, cpp_entry) in enumerate(zip(torch.load(path), penalty_and_func_grads(), strict=True)):
+        assert_bitwise_equal(f"result {index}", python_entry, cpp_entry)

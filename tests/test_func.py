@@ -96,3 +96,15 @@ def test_hessian_of_a_gradient_penalty_matches_autograd():
     hessian = torch.func.jacrev(torch.func.grad(lambda x: _loss(partial, blocks, proj, x)))(norm)
     expected = torch.autograd.functional.hessian(lambda x: _loss(partial, blocks, proj, x), norm)
     torch.testing.assert_close(hessian, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_forward_mode_jvp_and_hessian_match_autograd():
+    """jvp (forward mode through the torch formulas) and hessian (jacfwd over jacrev)."""
+    partial, blocks, proj, norm = _inputs(tokens=2, blocks=2, hidden=4, seed=40)
+    tangent = torch.randn(norm.shape, generator=torch.Generator().manual_seed(41))
+    _, jvp_out = torch.func.jvp(lambda x: function(partial, blocks, proj, x), (norm,), (tangent,))
+    jacobian = torch.autograd.functional.jacobian(lambda x: function(partial, blocks, proj, x), norm)
+    torch.testing.assert_close(jvp_out, jacobian @ tangent, rtol=1e-4, atol=1e-5)
+    hessian = torch.func.hessian(lambda x: _loss(partial, blocks, proj, x))(norm)
+    expected = torch.autograd.functional.hessian(lambda x: _loss(partial, blocks, proj, x), norm)
+    torch.testing.assert_close(hessian, expected, rtol=1e-4, atol=1e-5)
