@@ -1,10 +1,10 @@
 """DDP or FSDP2 over a BlockAttnRes model on two CPU processes (gloo); rank 0 checks the parameters' gradients
-against one process over both ranks' data. Run by tests/test_distributed.py: python distributed_worker.py PORT
-ddp|fsdp2."""
+against one process over both ranks' data. Run by tests/test_distributed.py: python distributed_worker.py
+RENDEZVOUS_FILE ddp|fsdp2 (a file rendezvous: no port to race for)."""
 
 from __future__ import annotations
 
-import os
+import faulthandler
 import sys
 
 import torch
@@ -32,9 +32,10 @@ def rank_data(rank: int):
     return torch.randn(2, 3, 16, generator=generator), torch.randn(2, 3, 2, 16, generator=generator)
 
 
-def worker(rank: int, port: int, wrapper: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def worker(rank: int, rendezvous_file: str, wrapper: str) -> None:
+    faulthandler.dump_traceback_later(120, exit=True)  # a hang fails with every thread's stack
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous_file}", rank=rank, world_size=2)
+    torch.set_num_threads(1)  # two processes on what may be a two-core host
     model = Layer()
     if wrapper == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
@@ -55,4 +56,4 @@ def worker(rank: int, port: int, wrapper: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2)
+    mp.spawn(worker, args=(sys.argv[1], sys.argv[2]), nprocs=2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,17 +10,12 @@ from pathlib import Path
 import pytest
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
-def test_data_parallel_gradients_match_one_process(wrapper):
+def test_data_parallel_gradients_match_one_process(wrapper, tmp_path):
     worker = Path(__file__).with_name("distributed_worker.py")
-    result = subprocess.run([sys.executable, str(worker), str(_free_port()), wrapper], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the kernels' threads: one per process
+    result = subprocess.run([sys.executable, str(worker), str(tmp_path / "rendezvous"), wrapper], capture_output=True,
+                            text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stderr[-12000:]
     assert f"{wrapper}: gradients match" in result.stdout

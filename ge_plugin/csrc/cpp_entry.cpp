@@ -397,16 +397,7 @@ class GraphNode {
     return std::move(results);
   }
 
-  // The Python functions the Autograd kernels call for the rare derivatives: statistics_backward(partial_block,
-// block_res, proj_weight, norm_weight, norm_eps, grad_inv_norm or None, grad_probs or None) -> four gradients or
-// None; differentiable_backward(seven tensors, valid_block_num) -> the backward op's four outputs, with a graph.
-void set_autograd_formulas(py::object statistics_backward, py::object differentiable_backward) {
-  EntryState& entry = state();
-  entry.statistics_backward = std::move(statistics_backward);
-  entry.differentiable_backward = std::move(differentiable_backward);
-}
-
-void forget() {
+  void forget() {
     std::lock_guard<std::mutex> lock(mutex_);
     planned_.clear();
   }
