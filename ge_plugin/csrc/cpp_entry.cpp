@@ -7,8 +7,11 @@
 // GE's Python. This module keeps, per input signature, a launch that needs no Python:
 //
 //   install()   registers for both torch ops the CPU kernel (eager calls: fresh outputs)
-//               and, for the forward, the Autograd kernel (a torch::autograd::Function
-//               with the backward of ge_plugin/block_attention_residuals.py)
+//               and the Autograd kernel: for the forward a torch::autograd::Function (the
+//               ForwardFunction of ge_plugin/block_attention_residuals.py in C++); for the
+//               backward, the kernel itself unless a graph is needed (create_graph), then the
+//               Python BackwardFunction (ge_plugin/block_attention_residuals_grad.py)
+//   set_autograd_formulas()  the Python functions those two call for the rare derivatives
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
 //               per signature and reused only when provably free (GraphNode::Slot: the rule
 //               ge_plugin/buffer_pool.py applies too)
@@ -23,6 +26,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
@@ -79,6 +84,8 @@ class GraphNode;
 struct EntryState {
   attnres::KernelTable kernels{};
   py::object first_call;  // op_common._first_call
+  py::object statistics_backward;     // block_attention_residuals.statistics_backward
+  py::object differentiable_backward;  // block_attention_residuals_grad.differentiable_backward
   std::mutex mutex;
   std::unordered_map<Key, std::shared_ptr<const Launch>, KeyHash> eager_launches;
   std::vector<std::weak_ptr<GraphNode>> graph_nodes;
@@ -265,8 +272,23 @@ const auto& backward_op() {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The forward op's autograd: saves the inputs and the statistics, and runs the backward op
-// (ge_plugin/block_attention_residuals.py registers the same in Python when this module is absent).
+const py::object& autograd_formula(py::object EntryState::*formula) {
+  const py::object& function = state().*formula;
+  if (!function) throw std::runtime_error("attnres_ge._cpp_entry: set_autograd_formulas() was not called");
+  return function;
+}
+
+// `tensor`, or None for an undefined one.
+py::object tensor_or_none(const at::Tensor& tensor) { return tensor.defined() ? py::cast(tensor) : py::none(); }
+
+at::Tensor add_gradients(const at::Tensor& first, const at::Tensor& second) {
+  if (!first.defined()) return second;
+  return second.defined() ? at::add(first, second) : first;
+}
+
+// The forward op's autograd: saves the inputs and the statistics; the gradient of hidden_states
+// runs the backward op, gradients that reach inv_norm or probs the Python statistics_backward
+// (ge_plugin/block_attention_residuals.py's ForwardFunction, which runs where this one cannot).
 struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& partial_block, const at::Tensor& block_res,
                                const at::Tensor& proj_weight, const at::Tensor& norm_weight, int64_t valid_block_num,
@@ -274,7 +296,8 @@ struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // the CPU (or fake, or NPU) kernel, not this one again
     auto [hidden_states, inv_norm, probs] = forward_op().call(partial_block, block_res, proj_weight, norm_weight,
                                                                valid_block_num, norm_eps, need_backward);
-    ctx->mark_non_differentiable({inv_norm, probs});
+    if (!need_backward) ctx->mark_non_differentiable({inv_norm, probs});  // empty statistics
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({partial_block, block_res, proj_weight, norm_weight, inv_norm, probs});
     ctx->saved_data["norm_eps"] = norm_eps;
     ctx->saved_data["saved_stats"] = need_backward;
@@ -285,16 +308,31 @@ struct ForwardFunction : public torch::autograd::Function<ForwardFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &partial_block = saved[0], &block_res = saved[1], &proj_weight = saved[2],
                      &norm_weight = saved[3];
-    at::Tensor inv_norm = saved[4], probs = saved[5];
-    if (!ctx->saved_data["saved_stats"].toBool()) {
-      // Called directly with need_backward=false: compute the statistics now rather than fail.
-      std::tie(std::ignore, inv_norm, probs) = forward_op().call(
-          partial_block, block_res, proj_weight, norm_weight, -1, ctx->saved_data["norm_eps"].toDouble(), true);
+    const double norm_eps = ctx->saved_data["norm_eps"].toDouble();
+    variable_list result(7);
+    if (grads[0].defined()) {
+      at::Tensor inv_norm = saved[4], probs = saved[5];
+      if (!ctx->saved_data["saved_stats"].toBool()) {
+        // Called directly with need_backward=false: compute the statistics now rather than fail.
+        std::tie(std::ignore, inv_norm, probs) =
+            forward_op().call(partial_block, block_res, proj_weight, norm_weight, -1, norm_eps, true);
+      }
+      auto [grad_partial, grad_blocks, grad_proj, grad_norm] = backward_op().call(
+          partial_block, block_res, proj_weight.reshape({1, -1}), norm_weight, grads[0], inv_norm, probs, 0);
+      result = {grad_partial, grad_blocks, grad_proj.reshape(proj_weight.sizes()), grad_norm,
+                at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    auto [grad_partial, grad_blocks, grad_proj, grad_norm] = backward_op().call(
-        partial_block, block_res, proj_weight.reshape({1, -1}), norm_weight, grads[0], inv_norm, probs, 0);
-    return {grad_partial, grad_blocks, grad_proj.reshape(proj_weight.sizes()), grad_norm,
-            at::Tensor(),  at::Tensor(),  at::Tensor()};
+    if (grads[1].defined() || grads[2].defined()) {
+      py::gil_scoped_acquire gil;
+      auto extra = autograd_formula(&EntryState::statistics_backward)(
+                       partial_block, block_res, proj_weight, norm_weight, norm_eps, tensor_or_none(grads[1]),
+                       tensor_or_none(grads[2]))
+                       .cast<py::tuple>();
+      for (size_t index = 0; index < 4; ++index) {
+        if (!extra[index].is_none()) result[index] = add_gradients(result[index], extra[index].cast<at::Tensor>());
+      }
+    }
+    return result;
   }
 };
 
@@ -310,6 +348,30 @@ ForwardResult forward_autograd(const at::Tensor& partial_block, const at::Tensor
   variable_list outputs = ForwardFunction::apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num,
                                                  norm_eps, need_backward);
   return {outputs[0], outputs[1], outputs[2]};
+}
+
+// The backward op's autograd: the kernel when no graph is needed (every first-order backward), else the
+// Python BackwardFunction, whose own backward differentiates the backward's formula.
+BackwardResult backward_autograd(const at::Tensor& partial_block, const at::Tensor& block_res,
+                                 const at::Tensor& proj_weight, const at::Tensor& norm_weight,
+                                 const at::Tensor& grad_hidden_states, const at::Tensor& inv_norm,
+                                 const at::Tensor& probs, int64_t valid_block_num) {
+  const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight,
+                                       grad_hidden_states, inv_norm, probs};
+  const bool needs_graph = at::GradMode::is_enabled() &&
+      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!needs_graph) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return backward_op().call(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm,
+                              probs, valid_block_num);
+  }
+  py::gil_scoped_acquire gil;
+  auto outputs = autograd_formula(&EntryState::differentiable_backward)(
+                     partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
+                     valid_block_num)
+                     .cast<py::tuple>();
+  return {outputs[0].cast<at::Tensor>(), outputs[1].cast<at::Tensor>(), outputs[2].cast<at::Tensor>(),
+          outputs[3].cast<at::Tensor>()};
 }
 
 // ---------------------------------------------------------------------------------------------- graph nodes
@@ -481,8 +543,18 @@ void install(py::capsule kernel_table, py::object first_call) {
   auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::Autograd,
                                                    __FILE__, __LINE__);
   autograd->impl("block_attention_residuals", TORCH_FN(forward_autograd));
+  autograd->impl("block_attention_residuals_backward", TORCH_FN(backward_autograd));
   entry.registrations.push_back(std::move(cpu));
   entry.registrations.push_back(std::move(autograd));
+}
+
+// The Python functions the Autograd kernels call for the rare derivatives: statistics_backward(partial_block,
+// block_res, proj_weight, norm_weight, norm_eps, grad_inv_norm or None, grad_probs or None) -> four gradients or
+// None; differentiable_backward(seven tensors, valid_block_num) -> the backward op's four outputs, with a graph.
+void set_autograd_formulas(py::object statistics_backward, py::object differentiable_backward) {
+  EntryState& entry = state();
+  entry.statistics_backward = std::move(statistics_backward);
+  entry.differentiable_backward = std::move(differentiable_backward);
 }
 
 void forget() {
@@ -509,6 +581,8 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   module.def("install", &install, py::arg("kernel_table"), py::arg("first_call"));
+  module.def("set_autograd_formulas", &set_autograd_formulas, py::arg("statistics_backward"),
+             py::arg("differentiable_backward"));
   module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");
   module.def("cached_launches", &cached_launches, "How many eager input signatures have a cached launch");
   py::class_<GraphNode, std::shared_ptr<GraphNode>>(module, "GraphNode")
