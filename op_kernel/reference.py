@@ -25,6 +25,37 @@ def block_attention_residuals_reference(
     return hidden_states, inv_norm, probs
 
 
+def block_attention_residuals_grad_reference(
+    partial_block: torch.Tensor,  # [T, H]
+    block_res: torch.Tensor,  # [T, N, H]
+    proj_weight: torch.Tensor,  # [1, H] or [H]
+    norm_weight: torch.Tensor,  # [H]
+    grad_hidden_states: torch.Tensor,  # [T, H]
+    inv_norm: torch.Tensor,  # [T, N+1]
+    probs: torch.Tensor,  # [T, N+1]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward op's formulas (docs/contract.md) in float64, with `inv_norm` and `probs` used as given.
+
+    The oracle of the backward op on its own: the op receives float32 statistics, so its reference
+    starts from those same rounded values rather than from the exact ones autograd would use.
+    (grad_partial_block [T, H], grad_block_res [T, N, H], grad_proj_weight [H], grad_norm_weight [H]),
+    all float64.
+    """
+    values = torch.cat([block_res, partial_block.unsqueeze(1)], dim=1).double()  # [T, N+1, H]
+    go = grad_hidden_states.double().unsqueeze(1)  # [T, 1, H]
+    p, r = probs.double(), inv_norm.double()  # [T, N+1]
+    proj, norm = proj_weight.reshape(-1).double(), norm_weight.double()
+    score_weight = norm * proj
+    g = (go * values).sum(dim=-1)
+    gs = p * (g - (p * g).sum(dim=-1, keepdim=True))
+    gsw = ((gs * r).unsqueeze(-1) * values).sum(dim=(0, 1))
+    gr = gs * (values * score_weight).sum(dim=-1)
+    a, c = gs * r, gr * r**3 / values.shape[-1]
+    grads = go * p.unsqueeze(-1) + a.unsqueeze(-1) * score_weight - c.unsqueeze(-1) * values
+    blocks = block_res.shape[1]
+    return grads[:, blocks], grads[:, :blocks], gsw * norm, gsw * proj
+
+
 # The tolerances of docs/contract.md against the float64 reference: dtype -> (rtol, atol).
 TOLERANCES = {
     torch.float32: (1e-4, 1e-5),
