@@ -25,7 +25,7 @@ def block_attention_residuals_kernel(
     workspace: torch.Tensor,  # unused by the forward
     tiling: ForwardTilingData,
 ) -> None:
-    score_weight = (norm_weight.float() * proj_weight.reshape(-1).float()).double()  # [H]
+    score_weight = norm_weight.double() * proj_weight.reshape(-1).double()  # [H], exact
     eps = tiling.norm_eps  # float32-rounded by Tiling
     for core in range(tiling.used_core_num):
         start, stop = core_range(core, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens)

@@ -135,6 +135,8 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
   const void* grad_rows_start = blocks > 0 ? static_cast<const void*>(grad_blocks) : grad_partial;
   PhasedRow w(hidden_pad, grad_rows_start, 1024);  // [H_pad] score weight, lane layout of T
   score_weight(norm_weight, proj_weight, hidden, w.data());
+  std::vector<double> w_wide(hidden_pad);  // [H_pad] the same, exact in float64: pass 1's sums
+  wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
   const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
                       (blocks == 0 || can_stream<T>(grad_blocks, hidden));
 
@@ -145,6 +147,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
     std::vector<double> g(rows);                                // [N+1] scratch
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
+    std::vector<double> go_wide(hidden_pad);  // [H_pad] grad_hidden_states[t] as float64 for pass 1, ditto
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
     LaneArray g_lanes(rows), wv_lanes(rows);                    // [N+1] lanes of the token in pass 1
     std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
@@ -166,10 +169,10 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
             token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
           }
           for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = dzero();
-          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
+          to_wide_lane_layout(grad_hidden + t * hidden, hidden, go_wide.data());
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            dot_lanes_rows<false>(token_rows, rows, go.data(), w.data(), tiles.begin(tile), tiles.end(tile),
-                                  g_lanes.data(), wv_lanes.data());
+            dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
+                                  tiles.end(tile), g_lanes.data(), wv_lanes.data());
           }
           const RowCoefficients k{coefficients.data() + b * rows,
                                   coefficients.data() + (block_tokens + b) * rows,
@@ -185,7 +188,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
                                   coefficients.data() + (2 * block_tokens + b) * rows};
           const T* const* token_rows = row_ptrs.data() + b * rows;
           T* const* token_grads = grad_ptrs.data() + b * rows;
-          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());  // again: pass 1 saw other tokens since
+          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
           const int64_t next_t = t + block_tokens;  // the same place in this core's next block
           const bool prefetch_next = next_t < core_stop;
           if (prefetch_next) {

@@ -87,8 +87,9 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   const int64_t block_tokens = args.tokens_per_loop;
   const HiddenTiles tiles = args.tiles;
 
-  std::vector<float> w(padded_hidden(hidden));  // [H_pad] score weight, lane layout of T
-  score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden, w.data());
+  std::vector<double> w(padded_hidden(hidden));  // [H_pad] score weight, float64, lane layout of T
+  wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
+                    w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
   const int64_t prefetch_ahead = kPass1PrefetchBytes / static_cast<int64_t>(sizeof(T));
 
@@ -110,7 +111,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
         for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-          dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
+          dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
                                tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
         }
         norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,

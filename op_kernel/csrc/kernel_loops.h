@@ -77,30 +77,30 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // Shared loops.
 
 // Lanes of two sums over hidden [h0, h1) for one row v of one token:
-//   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared float row x (the backward's go)
-//   y_lanes += v[h] * w[h]   w: the float32 score weight
-// in float64 lanes (D16): each product of two float32 values is exact, each addition rounds
-// once in float64, so the per-token scalars these sums feed carry no float32 rounding.
-// x and w are float buffers in the lane layout of T, zero padded to a multiple of 16.
+//   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared row x (the backward's go)
+//   y_lanes += v[h] * w[h]   w: the score weight norm_weight * proj_weight, exact in float64
+// in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
+// sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
+// not per row) in the lane layout of T, zero padded to a multiple of 16.
 // ahead (elements, 0 for none): each step prefetches v[h + ahead]. The rows of consecutive
 // tokens follow one another in memory, so a distance of a few KiB keeps the memory reads of
 // this pass in flight while it computes (the hardware prefetcher alone falls behind). A
 // prefetch never faults, so running past the end of a row or buffer is harmless.
 template <bool kSquares, typename T>
-inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, int64_t h1, D16& x_lanes,
+inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
                         D16& y_lanes, int64_t ahead = 0) {
   D16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
     if (ahead != 0) prefetch(v + h + ahead);
     const D16 value = widen(vload(v + h));
-    xs = dfma(value, kSquares ? value : widen(vload(x + h)), xs);
-    ys = dfma(value, widen(vload(w + h)), ys);
+    xs = dfma(value, kSquares ? value : dload(x + h), xs);
+    ys = dfma(value, dload(w + h), ys);
   }
   if (h < h1) {  // the last, partial group (h1 == H), zero padded
     const D16 value = widen(vload_partial(v + h, h1 - h));
-    xs = dfma(value, kSquares ? value : widen(vload(x + h)), xs);
-    ys = dfma(value, widen(vload(w + h)), ys);
+    xs = dfma(value, kSquares ? value : dload(x + h), xs);
+    ys = dfma(value, dload(w + h), ys);
   }
   x_lanes = xs;
   y_lanes = ys;
@@ -109,7 +109,7 @@ inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, 
 // The same for two rows a and b at once, sharing the loads of x and w. Each row's lanes see
 // exactly the operations dot_lanes_1 would apply.
 template <bool kSquares, typename T>
-inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, int64_t h0, int64_t h1, D16& xa,
+inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w, int64_t h0, int64_t h1, D16& xa,
                         D16& ya, D16& xb, D16& yb, int64_t ahead = 0) {
   D16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
   int64_t h = h0;
@@ -118,9 +118,9 @@ inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, 
       prefetch(a + h + ahead);
       prefetch(b + h + ahead);
     }
-    const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = widen(vload(w + h));
+    const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = dload(w + h);
     D16 xv;
-    if (!kSquares) xv = widen(vload(x + h));
+    if (!kSquares) xv = dload(x + h);
     xa_ = dfma(va, kSquares ? va : xv, xa_);
     ya_ = dfma(va, wv, ya_);
     xb_ = dfma(vb, kSquares ? vb : xv, xb_);
@@ -138,7 +138,7 @@ inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, 
 
 // All rows of one token over [h0, h1), two rows at a time.
 template <bool kSquares, typename T>
-inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const float* x, const float* w, int64_t h0,
+inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* x, const double* w, int64_t h0,
                            int64_t h1, D16* x_lanes, D16* y_lanes, int64_t ahead = 0) {
   int64_t i = 0;
   for (; i + 2 <= row_num; i += 2) {
@@ -155,6 +155,26 @@ inline void to_lane_layout(const T* row, int64_t hidden, float* out) {
   int64_t h = 0;
   for (; h + kLanes <= hidden; h += kLanes) vstore(out + h, vload(row + h));
   if (h < hidden) vstore(out + h, vload_partial(row + h, hidden - h));
+}
+
+// A row of T as float64 in the lane layout of T, zero padded: [H_pad]
+template <typename T>
+inline void to_wide_lane_layout(const T* row, int64_t hidden, double* out) {
+  int64_t h = 0;
+  for (; h + kLanes <= hidden; h += kLanes) dstore(out + h, widen(vload(row + h)));
+  if (h < hidden) dstore(out + h, widen(vload_partial(row + h, hidden - h)));
+}
+
+// w[h] = norm_weight[h] * proj_weight[h], exact in float64, in the lane layout of T, zero padded:
+// [H_pad] (the weight of the scores' sums).
+template <typename T>
+inline void wide_score_weight(const T* norm_weight, const T* proj_weight, int64_t hidden, double* w) {
+  to_wide_lane_layout(norm_weight, hidden, w);
+  for (int64_t h = 0; h < hidden; h += kLanes) {
+    const int64_t n = std::min(kLanes, hidden - h);
+    const D16 proj = widen(n == kLanes ? vload(proj_weight + h) : vload_partial(proj_weight + h, n));
+    dstore(w + h, dfma(dload(w + h), proj, dzero()));
+  }
 }
 
 // w[h] = norm_weight[h] * proj_weight[h] rounded to float32, in the lane layout of T, zero padded: [H_pad]

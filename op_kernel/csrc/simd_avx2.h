@@ -22,6 +22,15 @@ inline D16 widen(V16 v) {
   return {_mm256_cvtps_pd(_mm256_castps256_ps128(v.lo)), _mm256_cvtps_pd(_mm256_extractf128_ps(v.lo, 1)),
           _mm256_cvtps_pd(_mm256_castps256_ps128(v.hi)), _mm256_cvtps_pd(_mm256_extractf128_ps(v.hi, 1))};
 }
+inline D16 dload(const double* p) {
+  return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4), _mm256_loadu_pd(p + 8), _mm256_loadu_pd(p + 12)};
+}
+inline void dstore(double* p, D16 v) {
+  _mm256_storeu_pd(p, v.q0);
+  _mm256_storeu_pd(p + 4, v.q1);
+  _mm256_storeu_pd(p + 8, v.q2);
+  _mm256_storeu_pd(p + 12, v.q3);
+}
 inline D16 dfma(D16 a, D16 b, D16 c) {
   return {_mm256_fmadd_pd(a.q0, b.q0, c.q0), _mm256_fmadd_pd(a.q1, b.q1, c.q1), _mm256_fmadd_pd(a.q2, b.q2, c.q2),
           _mm256_fmadd_pd(a.q3, b.q3, c.q3)};

@@ -25,6 +25,11 @@ inline D16 widen(V16 x) {
   return {_mm512_cvtps_pd(_mm512_castps512_ps256(x.v)),
           _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)))};
 }
+inline D16 dload(const double* p) { return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 8)}; }
+inline void dstore(double* p, D16 x) {
+  _mm512_storeu_pd(p, x.lo);
+  _mm512_storeu_pd(p + 8, x.hi);
+}
 inline D16 dfma(D16 a, D16 b, D16 c) { return {_mm512_fmadd_pd(a.lo, b.lo, c.lo), _mm512_fmadd_pd(a.hi, b.hi, c.hi)}; }
 
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.

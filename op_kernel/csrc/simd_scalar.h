@@ -37,6 +37,12 @@ inline D16 widen(V16 v) {
   for (int i = 0; i < 16; ++i) r.l[i] = v.l[i];
   return r;
 }
+inline D16 dload(const double* p) {
+  D16 r;
+  std::memcpy(r.l, p, sizeof r.l);
+  return r;
+}
+inline void dstore(double* p, D16 v) { std::memcpy(p, v.l, sizeof v.l); }
 // a * b + c. The product of two widened float32 values is exact in float64, so a multiply
 // then an add rounds once, like the FMA instructions of the vector paths.
 inline D16 dfma(D16 a, D16 b, D16 c) {
