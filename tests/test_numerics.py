@@ -43,7 +43,8 @@ DTYPES = [pytest.param(d, id=i) for d, i in DTYPE_IDS.items()]
 def run_forward_backward(inputs, grad_hidden):
     hidden, inv_norm, probs = forward_op(*inputs, -1, 1e-6, True)
     grads = backward_op(*inputs[:2], inputs[2].reshape(1, -1), inputs[3], grad_hidden, inv_norm, probs)
-    return {"hidden_states": hidden, "inv_norm": inv_norm, "probs": probs, **dict(zip(BACKWARD_NAMES, grads, strict=True))}
+    outputs = {"hidden_states": hidden, "inv_norm": inv_norm, "probs": probs}
+    return {**outputs, **dict(zip(BACKWARD_NAMES, grads, strict=True))}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
