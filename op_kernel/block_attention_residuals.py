@@ -2,7 +2,7 @@
 
 For each core's token range, `tokens_per_loop` tokens at a time:
   pass 1 over hidden tiles: sum of squares and score dot of every row, [B, N+1]
-  inv_norm, scores, softmax over rows (float64, rounded to float32 like the outputs)
+  inv_norm, scores, softmax over rows (float64, each rounded to float32 only when stored)
   pass 2 over hidden tiles: hidden_states = sum_i probs * v
 """
 
@@ -25,7 +25,7 @@ def block_attention_residuals_kernel(
     workspace: torch.Tensor,  # unused by the forward
     tiling: ForwardTilingData,
 ) -> None:
-    score_weight = (norm_weight.float() * proj_weight.reshape(-1).float()).double()  # [H]
+    score_weight = norm_weight.double() * proj_weight.reshape(-1).double()  # [H], exact
     eps = tiling.norm_eps  # float32-rounded by Tiling
     for core in range(tiling.used_core_num):
         start, stop = core_range(core, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens)
@@ -48,5 +48,5 @@ def _scores(partial_block, block_res, score_weight, eps, t0, t1, tiling):
         values = value_rows(partial_block, block_res, t0, t1, h0, h1)
         squares = sequential_sum(values * values, dim=-1, start=squares)
         dots = sequential_sum(values * score_weight[h0:h1], dim=-1, start=dots)
-    inv = (1.0 / torch.sqrt(squares / tiling.hidden + eps)).float()
-    return inv, softmax_rows(inv.double() * dots).float()
+    inv = 1.0 / torch.sqrt(squares / tiling.hidden + eps)  # float64 into the scores, like the native kernel
+    return inv.float(), softmax_rows(inv * dots).float()

@@ -36,7 +36,7 @@ def block_attention_residuals_grad_kernel(
     hidden, blocks = tiling.hidden, tiling.blocks
     proj = proj_weight.reshape(-1).double()
     norm = norm_weight.double()
-    score_weight = (norm_weight.float() * proj_weight.reshape(-1).float()).double()  # [H]
+    score_weight = (norm_weight.float() * proj_weight.reshape(-1).float()).double()  # [H], float32 as in pass 2
     chunk_rows = workspace[: tiling.chunk_num * hidden * 4].view(torch.float32).view(tiling.chunk_num, hidden)
     for core in range(tiling.used_core_num):
         first, last = core_range(core, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks)
@@ -45,7 +45,7 @@ def block_attention_residuals_grad_kernel(
             chunk_stop = min((chunk + 1) * tiling.chunk_tokens, tiling.tokens)
             for t0 in range(chunk * tiling.chunk_tokens, chunk_stop, tiling.tokens_per_loop):
                 t1 = min(t0 + tiling.tokens_per_loop, chunk_stop)
-                tensors = (partial_block, block_res, grad_hidden_states, score_weight)
+                tensors = (partial_block, block_res, grad_hidden_states, norm * proj)  # exact weight for the sums
                 a, c, p = _row_coefficients(tensors, inv_norm, probs, t0, t1, tiling)
                 for h0, h1 in hidden_tiles(tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile):
                     values = value_rows(partial_block, block_res, t0, t1, h0, h1)  # [B, R, h]

@@ -10,7 +10,8 @@
 // The kernels are compiled once per instruction set (isa_*.cpp) and chosen at run
 // time (dispatch.cpp). Why every instruction set, task count, thread count and hidden
 // tile gives the same bits:
-//  * Every sum over hidden runs in 16 float32 lanes: lane l adds the elements
+//  * Every sum over hidden (each feeds a per-token scalar) runs in 16 float64 lanes
+//    (D16): lane l adds the elements
 //    h with h % 16 == lane_element<T>(l), in increasing h, carried across tiles. Tile
 //    starts are multiples of 16, so the lane an element lands in, and the order inside
 //    the lane, do not depend on the tile size. The 16 lanes are combined by one fixed
@@ -20,20 +21,23 @@
 //  * A partial group of 16 (only ever the last one, at h = H) is loaded zero
 //    padded and goes through the same vector operations as a full group.
 //  * Every multiply-add is an explicit fused one (one rounding) on every instruction
-//    set, the scalar one included (fmaf); every other operation is a single IEEE
-//    operation. The translation units are built with -ffp-contract=off so that the
+//    set, the scalar one included (fmaf; in float64 lanes, where the product of two
+//    float32 values is exact, a multiply then an add); every other operation is a single
+//    IEEE operation. The translation units are built with -ffp-contract=off so that the
 //    compiler never fuses a multiply and an add on its own.
 //  * The backward's sum over tokens goes through per-chunk rows (CHUNK_TOKENS
 //    tokens each), added token by token; the chunk rows are summed in chunk
 //    order after the parallel part.
-//  * Per-token scalar math (norms, softmax, gradient coefficients) is scalar
-//    code, the same for every token and instruction set.
+//  * Per-token scalar math (norms, softmax, gradient coefficients) is scalar float64
+//    code, the same for every token and instruction set; the softmax calls the C
+//    library's exp, the same function whatever the instruction set path.
 //  * A task's result does not depend on the thread that runs it: tasks share no
 //    scratch and write disjoint outputs.
 //
 // Nothing here (nor in the bindings) includes torch headers: the extension builds
 // in seconds. Layout notes: every [H] float32 scratch buffer (score weight, a
-// converted grad_hidden_states row, a chunk's weight-gradient row) is zero padded
+// converted grad_hidden_states row, a chunk's weight-gradient row; the float64 rows
+// of pass 1 likewise) is zero padded
 // to a multiple of 16 and kept in the lane layout of the input dtype (see
 // lane_element), so it is read with the same full-group loads as the inputs.
 

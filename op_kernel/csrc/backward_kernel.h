@@ -4,9 +4,9 @@
 // With go = grad_hidden_states, p = probs, r = inv_norm, w = norm_weight * proj_weight:
 // per core of the tiling (a task of the thread pool), per chunk of CHUNK_TOKENS tokens of its chunk range,
 // per block of `tokens_per_loop` tokens:
-//   pass 1, token by token, over the hidden tiles: lanes of g = sum_h go * v and
+//   pass 1, token by token, over the hidden tiles: float64 lanes of g = sum_h go * v and
 //           wv = sum_h w * v for all N+1 rows  ->  gs = p (g - sum_j p_j g_j),
-//           a = gs r, c = gs wv r^3 / H
+//           a = gs r, c = gs wv r^3 / H    (float64, stored as float32)
 //   pass 2, token by token, over the hidden tiles, rows still in cache:
 //           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
 //           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
@@ -100,9 +100,10 @@ inline void grad_tile(const T* const* rows, T* const* grads, const T* const* nex
   for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
 }
 
-// a and c of one token's rows from the reduced sums (scalar code, the same for every token).
-inline void row_coefficients(const V16* g_lanes, const V16* wv_lanes, const float* inv_norm, int64_t row_num,
-                             int64_t hidden, const RowCoefficients& k, float* g) {
+// a and c of one token's rows from the reduced sums (scalar code, the same for every token), in
+// float64 until stored: gs subtracts sum_j p_j g_j from g, which cancels. g: [N+1] scratch.
+inline void row_coefficients(const D16* g_lanes, const D16* wv_lanes, const float* inv_norm, int64_t row_num,
+                             int64_t hidden, const RowCoefficients& k, double* g) {
   double pg = 0.0;  // sum_j p_j g_j, rows in order
   for (int64_t i = 0; i < row_num; ++i) {
     g[i] = lane_sum(g_lanes[i]);
@@ -134,6 +135,8 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
   const void* grad_rows_start = blocks > 0 ? static_cast<const void*>(grad_blocks) : grad_partial;
   PhasedRow w(hidden_pad, grad_rows_start, 1024);  // [H_pad] score weight, lane layout of T
   score_weight(norm_weight, proj_weight, hidden, w.data());
+  std::vector<double> w_wide(hidden_pad);  // [H_pad] the same, exact in float64: pass 1's sums
+  wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
   const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
                       (blocks == 0 || can_stream<T>(grad_blocks, hidden));
 
@@ -142,8 +145,9 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] value rows of the block's tokens
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
-    std::vector<float> g(rows);                                 // [N+1] scratch
+    std::vector<double> g(rows);                                // [N+1] scratch
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
+    std::vector<double> go_wide(hidden_pad);  // [H_pad] grad_hidden_states[t] as float64 for pass 1, ditto
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
     LaneArray g_lanes(rows), wv_lanes(rows);                    // [N+1] lanes of the token in pass 1
     std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
@@ -164,11 +168,11 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
             token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
             token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
           }
-          for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = vzero();
-          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
+          for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = dzero();
+          to_wide_lane_layout(grad_hidden + t * hidden, hidden, go_wide.data());
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            dot_lanes_rows<false>(token_rows, rows, go.data(), w.data(), tiles.begin(tile), tiles.end(tile),
-                                  g_lanes.data(), wv_lanes.data());
+            dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
+                                  tiles.end(tile), g_lanes.data(), wv_lanes.data());
           }
           const RowCoefficients k{coefficients.data() + b * rows,
                                   coefficients.data() + (block_tokens + b) * rows,
@@ -184,7 +188,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
                                   coefficients.data() + (2 * block_tokens + b) * rows};
           const T* const* token_rows = row_ptrs.data() + b * rows;
           T* const* token_grads = grad_ptrs.data() + b * rows;
-          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());  // again: pass 1 saw other tokens since
+          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
           const int64_t next_t = t + block_tokens;  // the same place in this core's next block
           const bool prefetch_next = next_t < core_stop;
           if (prefetch_next) {

@@ -4,7 +4,7 @@
 // Per core of the tiling (a task of the thread pool), per block of `tokens_per_loop`
 // tokens of its range:
 //   pass 1, token by token, over the hidden tiles: for all N+1 rows at once the
-//           lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax
+//           float64 lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax (float64)
 //   pass 2, token by token, over the hidden tiles: hidden_states = sum_i p_i v_i
 // The tiling sizes the block so that its rows fit in the core's buffer (on the
 // host: its L2), so pass 2 reads them from cache: the inputs cross the memory
@@ -56,22 +56,26 @@ inline void weighted_sum_tile(const T* const* rows, const T* const* next_rows, c
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
 }
 
-// inv_norm and probs of one token's rows from their reduced sums (scalar code, the same for every token).
-inline void norms_and_softmax(const V16* square_lanes, const V16* score_lanes, int64_t row_num, int64_t hidden,
-                              float norm_eps, float* inv_norm, float* probs) {
-  float max_score = -INFINITY;
+// inv_norm and probs of one token's rows from their reduced sums (scalar code, the same for every
+// token). All in float64 until stored: a score is about sqrt(H) at unit-scale weights, so its
+// float32 rounding alone would move a peaked softmax by more than the contract's tolerance.
+// scores: [N+1] scratch.
+inline void norms_and_softmax(const D16* square_lanes, const D16* score_lanes, int64_t row_num, int64_t hidden,
+                              float norm_eps, float* inv_norm, float* probs, double* scores) {
+  double max_score = -INFINITY;
   for (int64_t i = 0; i < row_num; ++i) {
-    const float mean_square = lane_sum(square_lanes[i]) / static_cast<float>(hidden);
-    inv_norm[i] = 1.0f / std::sqrt(mean_square + norm_eps);
-    probs[i] = inv_norm[i] * lane_sum(score_lanes[i]);  // the score, for now
-    if (probs[i] > max_score) max_score = probs[i];
+    const double mean_square = lane_sum(square_lanes[i]) / static_cast<double>(hidden);
+    const double r = 1.0 / std::sqrt(mean_square + static_cast<double>(norm_eps));
+    inv_norm[i] = static_cast<float>(r);
+    scores[i] = r * lane_sum(score_lanes[i]);
+    if (scores[i] > max_score) max_score = scores[i];
   }
   double total = 0.0;  // rows in order
   for (int64_t i = 0; i < row_num; ++i) {
-    probs[i] = expf(probs[i] - max_score);
-    total += probs[i];
+    scores[i] = std::exp(scores[i] - max_score);  // the C library's exp: the same call on every path
+    total += scores[i];
   }
-  for (int64_t i = 0; i < row_num; ++i) probs[i] = static_cast<float>(probs[i] / total);
+  for (int64_t i = 0; i < row_num; ++i) probs[i] = static_cast<float>(scores[i] / total);
 }
 
 template <typename T>
@@ -83,8 +87,9 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   const int64_t block_tokens = args.tokens_per_loop;
   const HiddenTiles tiles = args.tiles;
 
-  std::vector<float> w(padded_hidden(hidden));  // [H_pad] score weight, lane layout of T
-  score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden, w.data());
+  std::vector<double> w(padded_hidden(hidden));  // [H_pad] score weight, float64, lane layout of T
+  wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
+                    w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
   const int64_t prefetch_ahead = kPass1PrefetchBytes / static_cast<int64_t>(sizeof(T));
 
@@ -94,6 +99,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     std::vector<float> inv_norm(block_tokens * rows);     // [B, N+1]
     std::vector<float> probs(block_tokens * rows);        // [B, N+1]
     LaneArray square_lanes(rows), score_lanes(rows);      // [N+1] lanes of the token in pass 1
+    std::vector<double> scores(rows);                     // [N+1] scratch of norms_and_softmax
     std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
     int64_t start, stop;
     core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
@@ -103,13 +109,13 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
       for (int64_t t = t0; t < t1; ++t) {
         const T** token_rows = row_ptrs.data() + (t - t0) * rows;
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
-        for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = vzero();
+        for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-          dot_lanes_rows<true>(token_rows, rows, static_cast<const float*>(nullptr), w.data(), tiles.begin(tile),
+          dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
                                tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
         }
         norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
-                          inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows);
+                          inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
       }
       // Pass 2: the weighted sum, rows still in cache.
       for (int64_t t = t0; t < t1; ++t) {

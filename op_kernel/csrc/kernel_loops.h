@@ -2,19 +2,19 @@
 // the instruction set being compiled (simd_*.h): included inside that instruction set's
 // namespace by isa_*.cpp, after its target pragma, never on its own.
 
-// n V16 values, zeroed, on the heap. (std::vector<V16> would instantiate library code that
-// is compiled for the baseline instruction set yet moves this instruction set's vectors.)
+// n D16 accumulators, zeroed, on the heap. (std::vector<D16> would instantiate library code
+// that is compiled for the baseline instruction set yet moves this instruction set's vectors.)
 class LaneArray {
  public:
-  explicit LaneArray(int64_t n) : data_(new V16[n]()) {}
+  explicit LaneArray(int64_t n) : data_(new D16[n]()) {}
   ~LaneArray() { delete[] data_; }
   LaneArray(const LaneArray&) = delete;
   LaneArray& operator=(const LaneArray&) = delete;
-  V16& operator[](int64_t i) { return data_[i]; }
-  V16* data() { return data_; }
+  D16& operator[](int64_t i) { return data_[i]; }
+  D16* data() { return data_; }
 
  private:
-  V16* data_;
+  D16* data_;
 };
 
 // body(i) for every i in [0, tasks) on at most max_threads threads (thread_pool.h).
@@ -77,52 +77,54 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // Shared loops.
 
 // Lanes of two sums over hidden [h0, h1) for one row v of one token:
-//   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared float row x (the backward's go)
-//   y_lanes += v[h] * w[h]   w: the float32 score weight
-// x and w are float buffers in the lane layout of T, zero padded to a multiple of 16.
+//   x_lanes += v[h] * x[h]   where x is v itself (kSquares) or a shared row x (the backward's go)
+//   y_lanes += v[h] * w[h]   w: the score weight norm_weight * proj_weight, exact in float64
+// in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
+// sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
+// not per row) in the lane layout of T, zero padded to a multiple of 16.
 // ahead (elements, 0 for none): each step prefetches v[h + ahead]. The rows of consecutive
 // tokens follow one another in memory, so a distance of a few KiB keeps the memory reads of
 // this pass in flight while it computes (the hardware prefetcher alone falls behind). A
 // prefetch never faults, so running past the end of a row or buffer is harmless.
 template <bool kSquares, typename T>
-inline void dot_lanes_1(const T* v, const float* x, const float* w, int64_t h0, int64_t h1, V16& x_lanes,
-                        V16& y_lanes, int64_t ahead = 0) {
-  V16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
+inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
+                        D16& y_lanes, int64_t ahead = 0) {
+  D16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
     if (ahead != 0) prefetch(v + h + ahead);
-    const V16 value = vload(v + h);
-    xs = vfma(value, kSquares ? value : vload(x + h), xs);
-    ys = vfma(value, vload(w + h), ys);
+    const D16 value = widen(vload(v + h));
+    xs = dfma(value, kSquares ? value : dload(x + h), xs);
+    ys = dfma(value, dload(w + h), ys);
   }
   if (h < h1) {  // the last, partial group (h1 == H), zero padded
-    const V16 value = vload_partial(v + h, h1 - h);
-    xs = vfma(value, kSquares ? value : vload(x + h), xs);
-    ys = vfma(value, vload(w + h), ys);
+    const D16 value = widen(vload_partial(v + h, h1 - h));
+    xs = dfma(value, kSquares ? value : dload(x + h), xs);
+    ys = dfma(value, dload(w + h), ys);
   }
   x_lanes = xs;
   y_lanes = ys;
 }
 
-// The same for two rows a and b at once: 8 independent chains of fused multiply-adds
-// instead of 4. Each row's lanes see exactly the operations dot_lanes_1 would apply.
+// The same for two rows a and b at once, sharing the loads of x and w. Each row's lanes see
+// exactly the operations dot_lanes_1 would apply.
 template <bool kSquares, typename T>
-inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, int64_t h0, int64_t h1, V16& xa,
-                        V16& ya, V16& xb, V16& yb, int64_t ahead = 0) {
-  V16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
+inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w, int64_t h0, int64_t h1, D16& xa,
+                        D16& ya, D16& xb, D16& yb, int64_t ahead = 0) {
+  D16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
     if (ahead != 0) {
       prefetch(a + h + ahead);
       prefetch(b + h + ahead);
     }
-    const V16 va = vload(a + h), vb = vload(b + h), wv = vload(w + h);
-    V16 xv;
-    if (!kSquares) xv = vload(x + h);
-    xa_ = vfma(va, kSquares ? va : xv, xa_);
-    ya_ = vfma(va, wv, ya_);
-    xb_ = vfma(vb, kSquares ? vb : xv, xb_);
-    yb_ = vfma(vb, wv, yb_);
+    const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = dload(w + h);
+    D16 xv;
+    if (!kSquares) xv = dload(x + h);
+    xa_ = dfma(va, kSquares ? va : xv, xa_);
+    ya_ = dfma(va, wv, ya_);
+    xb_ = dfma(vb, kSquares ? vb : xv, xb_);
+    yb_ = dfma(vb, wv, yb_);
   }
   xa = xa_;
   ya = ya_;
@@ -136,8 +138,8 @@ inline void dot_lanes_2(const T* a, const T* b, const float* x, const float* w, 
 
 // All rows of one token over [h0, h1), two rows at a time.
 template <bool kSquares, typename T>
-inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const float* x, const float* w, int64_t h0,
-                           int64_t h1, V16* x_lanes, V16* y_lanes, int64_t ahead = 0) {
+inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* x, const double* w, int64_t h0,
+                           int64_t h1, D16* x_lanes, D16* y_lanes, int64_t ahead = 0) {
   int64_t i = 0;
   for (; i + 2 <= row_num; i += 2) {
     dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
@@ -153,6 +155,26 @@ inline void to_lane_layout(const T* row, int64_t hidden, float* out) {
   int64_t h = 0;
   for (; h + kLanes <= hidden; h += kLanes) vstore(out + h, vload(row + h));
   if (h < hidden) vstore(out + h, vload_partial(row + h, hidden - h));
+}
+
+// A row of T as float64 in the lane layout of T, zero padded: [H_pad]
+template <typename T>
+inline void to_wide_lane_layout(const T* row, int64_t hidden, double* out) {
+  int64_t h = 0;
+  for (; h + kLanes <= hidden; h += kLanes) dstore(out + h, widen(vload(row + h)));
+  if (h < hidden) dstore(out + h, widen(vload_partial(row + h, hidden - h)));
+}
+
+// w[h] = norm_weight[h] * proj_weight[h], exact in float64, in the lane layout of T, zero padded:
+// [H_pad] (the weight of the scores' sums).
+template <typename T>
+inline void wide_score_weight(const T* norm_weight, const T* proj_weight, int64_t hidden, double* w) {
+  to_wide_lane_layout(norm_weight, hidden, w);
+  for (int64_t h = 0; h < hidden; h += kLanes) {
+    const int64_t n = std::min(kLanes, hidden - h);
+    const D16 proj = widen(n == kLanes ? vload(proj_weight + h) : vload_partial(proj_weight + h, n));
+    dstore(w + h, dfma(dload(w + h), proj, dzero()));
+  }
 }
 
 // w[h] = norm_weight[h] * proj_weight[h] rounded to float32, in the lane layout of T, zero padded: [H_pad]

@@ -11,13 +11,38 @@ inline V16 vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 
+// D16, the same 16 lanes in float64, four registers of 4 (lanes 0-3, 4-7, 8-11, 12-15): the
+// accumulators of the sums over hidden that feed per-token scalars (simd_avx512.h says why).
+struct D16 {
+  __m256d q0, q1, q2, q3;
+};
+
+inline D16 dzero() { return {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()}; }
+inline D16 widen(V16 v) {
+  return {_mm256_cvtps_pd(_mm256_castps256_ps128(v.lo)), _mm256_cvtps_pd(_mm256_extractf128_ps(v.lo, 1)),
+          _mm256_cvtps_pd(_mm256_castps256_ps128(v.hi)), _mm256_cvtps_pd(_mm256_extractf128_ps(v.hi, 1))};
+}
+inline D16 dload(const double* p) {
+  return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4), _mm256_loadu_pd(p + 8), _mm256_loadu_pd(p + 12)};
+}
+inline void dstore(double* p, D16 v) {
+  _mm256_storeu_pd(p, v.q0);
+  _mm256_storeu_pd(p + 4, v.q1);
+  _mm256_storeu_pd(p + 8, v.q2);
+  _mm256_storeu_pd(p + 12, v.q3);
+}
+inline D16 dfma(D16 a, D16 b, D16 c) {
+  return {_mm256_fmadd_pd(a.q0, b.q0, c.q0), _mm256_fmadd_pd(a.q1, b.q1, c.q1), _mm256_fmadd_pd(a.q2, b.q2, c.q2),
+          _mm256_fmadd_pd(a.q3, b.q3, c.q3)};
+}
+
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
-inline float lane_sum(V16 v) {
-  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
+inline double lane_sum(D16 v) {
+  const __m256d s8_low = _mm256_add_pd(v.q0, v.q2), s8_high = _mm256_add_pd(v.q1, v.q3);  // lanes 0-3, 4-7
+  const __m256d s4 = _mm256_add_pd(s8_low, s8_high);
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  const __m128d s1 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
+  return _mm_cvtsd_f64(s1);
 }
 
 inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }

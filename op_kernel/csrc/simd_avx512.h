@@ -12,15 +12,33 @@ inline V16 vset(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 
+// D16, the same 16 lanes in float64 (lanes 0-7 in lo, 8-15 in hi): the accumulators of the
+// sums over hidden that feed per-token scalars (norms, scores, the backward's coefficients).
+// In float32 lanes, H/16 terms per lane, their rounding error grows with H and moves a
+// peaked softmax past the contract's tolerance; in float64 it stays far below it.
+struct D16 {
+  __m512d lo, hi;
+};
+
+inline D16 dzero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+inline D16 widen(V16 x) {
+  return {_mm512_cvtps_pd(_mm512_castps512_ps256(x.v)),
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)))};
+}
+inline D16 dload(const double* p) { return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 8)}; }
+inline void dstore(double* p, D16 x) {
+  _mm512_storeu_pd(p, x.lo);
+  _mm512_storeu_pd(p + 8, x.hi);
+}
+inline D16 dfma(D16 a, D16 b, D16 c) { return {_mm512_fmadd_pd(a.lo, b.lo, c.lo), _mm512_fmadd_pd(a.hi, b.hi, c.hi)}; }
+
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
-inline float lane_sum(V16 x) {
-  const __m256 lo = _mm512_castps512_ps256(x.v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
+inline double lane_sum(D16 x) {
+  const __m512d s8 = _mm512_add_pd(x.lo, x.hi);
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  const __m128d s1 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
+  return _mm_cvtsd_f64(s1);
 }
 
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }

@@ -25,9 +25,34 @@ inline V16 vmul(V16 a, V16 b) {
   for (int i = 0; i < 16; ++i) r.l[i] = a.l[i] * b.l[i];
   return r;
 }
+// D16, the same 16 lanes in float64: the accumulators of the sums over hidden that feed
+// per-token scalars (simd_avx512.h says why).
+struct D16 {
+  double l[16];
+};
+
+inline D16 dzero() { return D16{}; }
+inline D16 widen(V16 v) {
+  D16 r;
+  for (int i = 0; i < 16; ++i) r.l[i] = v.l[i];
+  return r;
+}
+inline D16 dload(const double* p) {
+  D16 r;
+  std::memcpy(r.l, p, sizeof r.l);
+  return r;
+}
+inline void dstore(double* p, D16 v) { std::memcpy(p, v.l, sizeof v.l); }
+// a * b + c. The product of two widened float32 values is exact in float64, so a multiply
+// then an add rounds once, like the FMA instructions of the vector paths.
+inline D16 dfma(D16 a, D16 b, D16 c) {
+  D16 r;
+  for (int i = 0; i < 16; ++i) r.l[i] = a.l[i] * b.l[i] + c.l[i];
+  return r;
+}
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
-inline float lane_sum(V16 v) {
-  float s[8];
+inline double lane_sum(D16 v) {
+  double s[8];
   for (int i = 0; i < 8; ++i) s[i] = v.l[i] + v.l[i + 8];
   for (int i = 0; i < 4; ++i) s[i] = s[i] + s[i + 4];
   for (int i = 0; i < 2; ++i) s[i] = s[i] + s[i + 2];
