@@ -51,7 +51,10 @@ def worker(rank: int, rendezvous_file: str, wrapper: str) -> None:
             (reference(*rank_data(data_rank)).square().mean() / 2).backward()
         for name, parameter in reference.named_parameters():
             torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-5, atol=1e-6)
-        print(f"{wrapper}: gradients match")
+        print(f"{wrapper}: gradients match", flush=True)
+    # The wrapper's communication state goes before its process group, on both ranks together.
+    del wrapped, model, grads
+    dist.barrier()
     dist.destroy_process_group()
 
 
