@@ -7,12 +7,12 @@ Importing registers torch.ops.attnres.block_attention_residuals and
 torch.ops.attnres.block_attention_residuals_backward.
 """
 
-from ._checkout import installed_in_place_of_checkout
+from attnres_ge._checkout import installed_in_place_of_checkout
 
 __version__ = "0.1.0"
 
 __all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference", "ge_backend"]
 
 if not installed_in_place_of_checkout(__name__, __path__):
-    from .ge_plugin import BlockAttnRes, block_attention_residuals, ge_backend
-    from .op_kernel.reference import block_attention_residuals_reference
+    from attnres_ge.ge_plugin import BlockAttnRes, block_attention_residuals, ge_backend
+    from attnres_ge.op_kernel.reference import block_attention_residuals_reference

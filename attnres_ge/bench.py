@@ -181,10 +181,10 @@ class Case:
         }
 
     def _kernel(self):
-        from .op_host import block_attention_residuals_grad_tiling as grad_tiling
-        from .op_host import block_attention_residuals_tiling as forward_tiling
-        from .op_host.runtime import default_runtime
-        from .op_kernel import KERNELS
+        from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
+        from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+        from attnres_ge.op_host.runtime import default_runtime
+        from attnres_ge.op_kernel import KERNELS
 
         tokens, blocks, hidden = self.shape
         platform = default_runtime().platform
@@ -416,13 +416,13 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
 
 def kernel_threads() -> int:
     """Threads a large call of the kernels runs on: the host's usable cores, at most torch.get_num_threads()."""
-    from .op_host.platform import host_profile
+    from attnres_ge.op_host.platform import host_profile
 
     return min(host_profile().vector_core_num, torch.get_num_threads())
 
 
 def machine() -> dict:
-    from .op_kernel import active_implementation, describe_implementation
+    from attnres_ge.op_kernel import active_implementation, describe_implementation
 
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "kernel_threads": kernel_threads(), "kernels": active_implementation(),
@@ -518,7 +518,7 @@ def _speedup_bars(axis, measurements: list[Measurement]) -> None:
 
 def named_shape(text: str) -> tuple[str, tuple[int, int, int]]:
     """`T,N,H` -> ("T{T}_N{N}_H{H}", (T, N, H)); the forward needs T, N and H of at least 1."""
-    from .cli import parse_shape
+    from attnres_ge.cli import parse_shape
 
     tokens, blocks, hidden = parse_shape(text)
     if min(tokens, blocks, hidden) < 1:

@@ -20,7 +20,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def cmd_demo(args) -> int:
     """The main job: one layer checked against float64, then eager and graph training side by side."""
-    from .examples import eager_check, train
+    from attnres_ge.examples import eager_check, train
 
     status = eager_check.main()
     print()
@@ -29,17 +29,17 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .examples import train
+    from attnres_ge.examples import train
 
     train.main(["--steps", str(args.steps), "--seed", str(args.seed)])
     return 0
 
 
 def cmd_tiling(args) -> int:
-    from .op_host import block_attention_residuals_grad_tiling as grad_tiling
-    from .op_host import block_attention_residuals_tiling as forward_tiling
-    from .op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
-    from .op_kernel import describe_implementation
+    from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
+    from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+    from attnres_ge.op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
+    from attnres_ge.op_kernel import describe_implementation
 
     tokens, blocks, hidden = args.shape
     profile = profile_by_name(args.soc)
@@ -64,7 +64,7 @@ def cmd_tiling(args) -> int:
 
 
 def cmd_export_proto(args) -> int:
-    from .op_proto.export import export_prototypes
+    from attnres_ge.op_proto.export import export_prototypes
 
     for path in export_prototypes(args.out):
         print(f"wrote {path}")
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from . import bench
+        from attnres_ge import bench
 
         return bench.main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 import attnres_ge  # noqa: F401  (registers the ops and the "attnres_ge" backend)
-
-from .model import BlockAttnResLM
+from attnres_ge.examples.model import BlockAttnResLM
 
 MODES = ("eager", "graph")
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from . import block_attention_residuals as _ops  # noqa: F401  (registers both torch ops)
-from . import block_attention_residuals_grad as _grad_ops  # noqa: F401
+from attnres_ge.ge_plugin import block_attention_residuals as _ops  # noqa: F401  (registers both torch ops)
+from attnres_ge.ge_plugin import block_attention_residuals_grad as _grad_ops  # noqa: F401
 
 _FUNCTION = "block_attention_residuals"
 _OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

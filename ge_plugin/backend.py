@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from torch import fx, nn
 
-from ..op_host.runtime import HostRuntime
-from .converters import local_converters
-from .fx_to_ge import build_node_graph
-from .ge_ir import GraphDef
-from .local_ge import CompiledGraph, compile_graph
+from attnres_ge.ge_plugin.converters import local_converters
+from attnres_ge.ge_plugin.fx_to_ge import build_node_graph
+from attnres_ge.ge_plugin.ge_ir import GraphDef
+from attnres_ge.ge_plugin.local_ge import CompiledGraph, compile_graph
+from attnres_ge.op_host.runtime import HostRuntime
 
 DYNAMO_BACKEND_NAME = "attnres_ge"
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ..op_proto import FORWARD
-from . import torch_formulas
-from .op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
+from attnres_ge.ge_plugin import torch_formulas
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
+from attnres_ge.op_proto import FORWARD
 
 NAME = "block_attention_residuals"
 SCHEMA = (
@@ -162,7 +162,9 @@ def _vmap_loop(op, batch_size, in_dims, tensors, attrs, **kwargs):
     whose weight gradients are per-sample sums."""
     samples = []
     for index in range(batch_size):
-        sample = [tensor if dim is None else tensor.select(dim, index) for tensor, dim in zip(tensors, in_dims)]
+        sample = [
+            tensor if dim is None else tensor.select(dim, index) for tensor, dim in zip(tensors, in_dims, strict=True)
+        ]
         samples.append(op(*sample, *attrs, **kwargs))
     stacked = tuple(torch.stack(outputs) for outputs in zip(*samples, strict=True))
     return stacked, (0,) * len(stacked)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import ge as local_ge
+from attnres_ge.ge_plugin import ge as local_ge
 
 OP_TYPE = "BlockAttentionResiduals"
 INPUTS = ("partial_block", "block_res", "proj_weight", "norm_weight")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ..op_proto import BACKWARD
-from . import torch_formulas
-from .block_attention_residuals import _vmap_loop, statistics_backward
-from .op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
+from attnres_ge.ge_plugin import torch_formulas
+from attnres_ge.ge_plugin.block_attention_residuals import _vmap_loop, statistics_backward
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
+from attnres_ge.op_proto import BACKWARD
 
 NAME = "block_attention_residuals_backward"
 SCHEMA = (
@@ -108,7 +108,7 @@ def _functorch(*tensors, valid_block_num=0):
 torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
 LIBRARY.impl(NAME, _functorch, "FuncTorchDynamicLayerFrontMode")
 if CPP_ENTRY:  # its Autograd kernels call these for the derivatives the kernels do not compute
-    from . import _cpp_entry
+    from attnres_ge.ge_plugin import _cpp_entry
 
     _cpp_entry.set_autograd_formulas(statistics_backward, differentiable_backward)
 else:  # ge_plugin/csrc registers the CPU kernel and the same autograd in C++

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..op_proto import TensorMeta
+from attnres_ge.op_proto import TensorMeta
 
 WORKSPACE_DTYPE = torch.uint8
 

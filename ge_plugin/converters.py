@@ -21,9 +21,9 @@ from types import ModuleType
 
 import torch
 
-from . import block_attention_residuals_converter as forward
-from . import block_attention_residuals_grad_converter as backward
-from . import ge as local_ge
+from attnres_ge.ge_plugin import block_attention_residuals_converter as forward
+from attnres_ge.ge_plugin import block_attention_residuals_grad_converter as backward
+from attnres_ge.ge_plugin import ge as local_ge
 
 ATTNRES_NAMESPACE = "attnres"
 CANN_NAMESPACE = "cann_ops_transformer"

@@ -16,11 +16,10 @@ from collections.abc import Callable
 
 import torch
 from torch import fx
-
 from torch.fx.experimental.symbolic_shapes import guard_scalar
 
-from . import ge
-from .ge_ir import GraphDef
+from attnres_ge.ge_plugin import ge
+from attnres_ge.ge_plugin.ge_ir import GraphDef
 
 # Numbers an FX node may compute for an attribute, e.g. valid_block_num=block_res.shape[1]. A GE
 # attribute is a constant of the compiled graph, so a symbolic one is specialised to the value it

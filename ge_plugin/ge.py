@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..op_proto import WHERE_PROTOTYPE, get_prototype
-from ..op_proto.op_def import Checker, OpPrototype, TensorArg
-from . import ge_attr as attr
-from .ge_ir import DT_UNDEFINED, DataType, GraphDef, OpDef, TensorDescriptor
+from attnres_ge.ge_plugin import ge_attr as attr
+from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, DataType, GraphDef, OpDef, TensorDescriptor
+from attnres_ge.op_proto import WHERE_PROTOTYPE, get_prototype
+from attnres_ge.op_proto.op_def import Checker, OpPrototype, TensorArg
 
 UNKNOWN_DIM = -1
 LAYOUT_ND = "ND"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .ge_ir import AttrDef, ListValueType
+from attnres_ge.ge_plugin.ge_ir import AttrDef, ListValueType
 
 
 class AttrValue:

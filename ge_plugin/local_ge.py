@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 from google.protobuf import text_format
 
-from ..op_host.runtime import HostRuntime, ShapePlan, default_runtime
-from ..op_host.tiling_base import CompileInfo
-from ..op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
-from . import ge_attr
-from .buffer_pool import BufferPool
-from .ge import static_dims, torch_dtype, write_desc
-from .ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
-from .op_common import CPP_ENTRY, CPP_ENTRY_PROTOTYPES, repeatable_launch
+from attnres_ge.ge_plugin import ge_attr
+from attnres_ge.ge_plugin.buffer_pool import BufferPool
+from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
+from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, CPP_ENTRY_PROTOTYPES, repeatable_launch
+from attnres_ge.op_host.runtime import HostRuntime, ShapePlan, default_runtime
+from attnres_ge.op_host.tiling_base import CompileInfo
+from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
 
 DATA, NET_OUTPUT = "Data", "NetOutput"
 
@@ -196,7 +196,7 @@ def _cpp_graph_node(compiled: CompiledGraph):
         return None
     if any(producer != op.op_def.name for producer, _ in compiled.results):
         return None
-    from ._cpp_entry import GraphNode
+    from attnres_ge.ge_plugin._cpp_entry import GraphNode
 
     graph = weakref.proxy(compiled)  # the node must not keep its graph alive: a cycle through C++ is never freed
     return GraphNode(

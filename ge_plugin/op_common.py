@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..op_host.host_memory import empty_output, from_huge_page_pool
-from ..op_host.runtime import ShapePlan, default_runtime
-from ..op_kernel import KERNELS
-from ..op_proto import BACKWARD, FORWARD, WHERE_EAGER, WHERE_FAKE, OpPrototype
+from attnres_ge.op_host.host_memory import empty_output, from_huge_page_pool
+from attnres_ge.op_host.runtime import ShapePlan, default_runtime
+from attnres_ge.op_kernel import KERNELS
+from attnres_ge.op_proto import BACKWARD, FORWARD, WHERE_EAGER, WHERE_FAKE, OpPrototype
 
 LIBRARY = torch.library.Library("attnres", "FRAGMENT")
 CPP_ENTRY_PROTOTYPES = (FORWARD, BACKWARD)  # by the op index the C++ entry passes
@@ -71,8 +71,8 @@ def _first_call(op_index: int, tensors: Sequence[torch.Tensor], attrs: Mapping) 
 
 def _install_cpp_entry() -> bool:
     try:
-        from ..op_kernel.native import KERNEL_TABLE
-        from . import _cpp_entry
+        from attnres_ge.ge_plugin import _cpp_entry
+        from attnres_ge.op_kernel.native import KERNEL_TABLE
     except ImportError:  # not built (or no native kernels to launch): the Python registrations stand in
         return False
     _cpp_entry.install(KERNEL_TABLE, _first_call)
@@ -87,6 +87,6 @@ def forget_cached_launches() -> None:
     """Make the C++ entry ask the Python one again for every signature (e.g. after replacing the process
     runtime); nothing to do without it."""
     if CPP_ENTRY:
-        from . import _cpp_entry
+        from attnres_ge.ge_plugin import _cpp_entry
 
         _cpp_entry.forget()

@@ -1,7 +1,7 @@
 """Host side of the Block AttnRes ops: platform, TilingParse, Tiling and the launch runtime."""
 
-from .platform import PlatformInfo, PlatformProfile, host_profile, profile_by_name
-from .tiling_base import (
+from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile, host_profile, profile_by_name
+from attnres_ge.op_host.tiling_base import (
     CHUNK_TOKENS,
     LANES,
     PlatformFallbackWarning,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .platform import PlatformInfo
-from .tiling_base import (
+from attnres_ge.op_host.platform import PlatformInfo
+from attnres_ge.op_host.tiling_base import (
     DTYPE_BYTES,
     CompileInfo,
     TilingRecord,

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..op_kernel import KERNELS
-from ..op_proto import BACKWARD, FORWARD, OpPrototype, TensorMeta
-from ..op_proto.op_def import Checker
-from . import block_attention_residuals_grad_tiling as grad_tiling
-from . import block_attention_residuals_tiling as forward_tiling
-from .platform import PlatformInfo, host_profile
-from .tiling_base import CompileInfo, TilingResult
+from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
+from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+from attnres_ge.op_host.platform import PlatformInfo, host_profile
+from attnres_ge.op_host.tiling_base import CompileInfo, TilingResult
+from attnres_ge.op_kernel import KERNELS
+from attnres_ge.op_proto import BACKWARD, FORWARD, OpPrototype, TensorMeta
+from attnres_ge.op_proto.op_def import Checker
 
 PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
 NO_WORKSPACE = torch.empty(0, dtype=torch.uint8)  # what a launch gets when its plan needs none

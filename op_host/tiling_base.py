@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .platform import KIB, PlatformInfo
+from attnres_ge.op_host.platform import KIB, PlatformInfo
 
 # Sums over the hidden dimension run in LANES independent accumulators (one
 # SIMD register), combined by a fixed tree at the end; hidden tiles are whole

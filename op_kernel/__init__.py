@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from ..op_host.tiling_base import TilingRecord
-from .block_attention_residuals import block_attention_residuals_kernel
-from .block_attention_residuals_grad import block_attention_residuals_grad_kernel
+from attnres_ge.op_host.tiling_base import TilingRecord
+from attnres_ge.op_kernel.block_attention_residuals import block_attention_residuals_kernel
+from attnres_ge.op_kernel.block_attention_residuals_grad import block_attention_residuals_grad_kernel
 
 FORWARD_OP = "BlockAttentionResiduals"
 BACKWARD_OP = "BlockAttentionResidualsGrad"
@@ -65,7 +65,7 @@ class NativeKernelUnavailableWarning(RuntimeWarning):
 def _load_native() -> tuple[dict[str, Callable] | None, dict[str, Callable] | None, str]:
     """(the native kernels, their launch factories, "") or (None, None, why they are unavailable)."""
     try:
-        from . import native
+        from attnres_ge.op_kernel import native
     except ImportError as error:
         return None, None, f"attnres_ge.op_kernel._native does not import ({error})"
     kernels = {
@@ -175,7 +175,7 @@ def describe_implementation() -> str:
     set, see native.isa_path) or "python"."""
     if active_implementation() == "python":
         return "python"
-    from . import native
+    from attnres_ge.op_kernel import native
 
     return f"native, {native.isa_path()} path"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..op_host.block_attention_residuals_tiling import ForwardTilingData
-from .kernel_common import core_range, hidden_tiles, sequential_sum, softmax_rows, value_rows
+from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
+from attnres_ge.op_kernel.kernel_common import core_range, hidden_tiles, sequential_sum, softmax_rows, value_rows
 
 
 def block_attention_residuals_kernel(

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..op_host.block_attention_residuals_grad_tiling import BackwardTilingData
-from .kernel_common import core_range, hidden_tiles, sequential_sum, value_rows
+from attnres_ge.op_host.block_attention_residuals_grad_tiling import BackwardTilingData
+from attnres_ge.op_kernel.kernel_common import core_range, hidden_tiles, sequential_sum, value_rows
 
 
 def block_attention_residuals_grad_kernel(

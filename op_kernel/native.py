@@ -27,9 +27,9 @@ import os
 
 import torch
 
-from ..op_host.block_attention_residuals_grad_tiling import BackwardTilingData
-from ..op_host.block_attention_residuals_tiling import ForwardTilingData
-from . import _native
+from attnres_ge.op_host.block_attention_residuals_grad_tiling import BackwardTilingData
+from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
+from attnres_ge.op_kernel import _native
 
 STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
 STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 8 << 20))

@@ -1,8 +1,8 @@
 """GE op prototypes for Block AttnRes, looked up by op type."""
 
-from .block_attention_residuals import PROTOTYPE as FORWARD
-from .block_attention_residuals_grad import PROTOTYPE as BACKWARD
-from .op_def import (
+from attnres_ge.op_proto.block_attention_residuals import PROTOTYPE as FORWARD
+from attnres_ge.op_proto.block_attention_residuals_grad import PROTOTYPE as BACKWARD
+from attnres_ge.op_proto.op_def import (
     FLOAT_DTYPES,
     UNKNOWN_DIM,
     WHERE_EAGER,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, is_unknown, rows_of
+from attnres_ge.op_proto.op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, is_unknown, rows_of
 
 OP_TYPE = "BlockAttentionResiduals"
 MIN_BLOCKS, MAX_BLOCKS = 1, 100

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, rows_of
+from attnres_ge.op_proto.op_def import FLOAT_DTYPES, AttrArg, Checker, OpPrototype, TensorArg, rows_of
 
 OP_TYPE = "BlockAttentionResidualsGrad"
 MIN_BLOCKS, MAX_BLOCKS = 0, 128

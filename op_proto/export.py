@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from . import PROTOTYPES
-from .op_def import OpPrototype, TensorArg
+from attnres_ge.op_proto import PROTOTYPES
+from attnres_ge.op_proto.op_def import OpPrototype, TensorArg
 
 GE_DTYPES = {torch.float16: "DT_FLOAT16", torch.bfloat16: "DT_BF16", torch.float32: "DT_FLOAT"}
 MSOPGEN_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float"}

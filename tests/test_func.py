@@ -28,7 +28,8 @@ def _autograd_grads(loss, inputs):
 
 def _assert_all_close(actual, expected, what):
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}, input {index}: {m}")
+        message = f"{what}, input {index}"
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m, message=message: f"{message}: {m}")
 
 
 def test_grad_matches_autograd():
@@ -63,7 +64,7 @@ def test_jacrev_matches_autograd():
 def test_vmap_matches_a_loop(batched_weights):
     batch = 3
     samples = [_inputs(seed=10 + index) for index in range(batch)]
-    stacked = [torch.stack(tensors) for tensors in zip(*samples)]
+    stacked = [torch.stack(tensors) for tensors in zip(*samples, strict=True)]
     if not batched_weights:
         stacked[2:] = samples[0][2:]
         samples = [(*sample[:2], *samples[0][2:]) for sample in samples]
@@ -86,7 +87,7 @@ def test_per_sample_gradients_match_autograd():
 
     per_sample = torch.func.vmap(torch.func.grad(sample_loss), in_dims=(None, 0, 0))((proj, norm), partials, blocks)
     for index in range(batch):
-        expected = _autograd_grads(lambda p, n: sample_loss((p, n), partials[index], blocks[index]), (proj, norm))
+        expected = _autograd_grads(lambda p, n, i=index: sample_loss((p, n), partials[i], blocks[i]), (proj, norm))
         _assert_all_close([per_sample[0][index], per_sample[1][index]], expected, f"sample {index}")
 
 

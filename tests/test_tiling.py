@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 
 import pytest
@@ -385,7 +386,7 @@ def test_host_hidden_walk_depends_on_l2_only_and_grows_with_it(tile, dtype):
             walk = (data.h_tile_num, data.h_tile, data.tokens_per_loop)
             assert walks.setdefault(profile.ub_size, walk) == walk, f"{tokens, blocks, hidden} on {profile}"
         sizes = sorted(walks)
-        for smaller, larger in zip(sizes, sizes[1:]):
+        for smaller, larger in itertools.pairwise(sizes):
             assert walks[larger][0] <= walks[smaller][0], f"{tokens, blocks, hidden}: {walks}"
 
 

@@ -413,8 +413,8 @@ def test_opdef_equals_the_python_declaration(drivers, op, count):
     registry, python = registry_declaration(line), python_declaration(op)
     differences = [
         f"{name}: OpDef {a} vs Python {b}"
-        for name, ours, theirs in zip(("inputs", "outputs", "attrs"), registry, python)
-        for a, b in zip(ours, theirs)  # noqa: B905 (lengths differ only when the assert fails)
+        for name, ours, theirs in zip(("inputs", "outputs", "attrs"), registry, python, strict=True)
+        for a, b in zip(ours, theirs, strict=False)  # lengths differ only where the assert fails anyway
         if a != b
     ]
     assert registry == python, f"{op}: the Python declaration differs from the OpDef: {'; '.join(differences)}"
