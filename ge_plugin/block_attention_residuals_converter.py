@@ -16,10 +16,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from attnres_ge.ge_plugin import ge as local_ge
+from attnres_ge.op_proto import FORWARD
 
-OP_TYPE = "BlockAttentionResiduals"
-INPUTS = ("partial_block", "block_res", "proj_weight", "norm_weight")
-OUTPUTS = ["hidden_states", "inv_norm", "probs"]
+OP_TYPE = FORWARD.op_type
+INPUTS = tuple(arg.name for arg in FORWARD.inputs)
+OUTPUTS = [arg.name for arg in FORWARD.outputs]
 
 
 def make_converter(ge: ModuleType):

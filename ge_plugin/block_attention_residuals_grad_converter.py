@@ -15,10 +15,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from attnres_ge.ge_plugin import ge as local_ge
+from attnres_ge.op_proto import BACKWARD
 
-OP_TYPE = "BlockAttentionResidualsGrad"
-INPUTS = ("partial_block", "block_res", "proj_weight", "norm_weight", "grad_hidden_states", "inv_norm", "probs")
-OUTPUTS = ["grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight"]
+OP_TYPE = BACKWARD.op_type
+INPUTS = tuple(arg.name for arg in BACKWARD.inputs)
+OUTPUTS = [arg.name for arg in BACKWARD.outputs]
 
 
 def make_converter(ge: ModuleType):

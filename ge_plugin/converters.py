@@ -27,7 +27,7 @@ from attnres_ge.ge_plugin import ge as local_ge
 
 ATTNRES_NAMESPACE = "attnres"
 CANN_NAMESPACE = "cann_ops_transformer"
-FORWARD_OP, BACKWARD_OP = "block_attention_residuals", "block_attention_residuals_backward"
+FORWARD_TORCH_OP, BACKWARD_TORCH_OP = "block_attention_residuals", "block_attention_residuals_backward"
 
 
 def _overload(namespace: str, op_name: str):
@@ -41,10 +41,10 @@ def _overload(namespace: str, op_name: str):
 def _converter_makers() -> list[tuple[object, Callable[[ModuleType], Callable]]]:
     """(torch op overload, converter factory taking a `ge` namespace) for every op loaded now."""
     pairs = [
-        (_overload(ATTNRES_NAMESPACE, FORWARD_OP), forward.make_converter),
-        (_overload(ATTNRES_NAMESPACE, BACKWARD_OP), backward.make_converter),
-        (_overload(CANN_NAMESPACE, FORWARD_OP), forward.make_cann_converter),
-        (_overload(CANN_NAMESPACE, BACKWARD_OP), backward.make_cann_converter),
+        (_overload(ATTNRES_NAMESPACE, FORWARD_TORCH_OP), forward.make_converter),
+        (_overload(ATTNRES_NAMESPACE, BACKWARD_TORCH_OP), backward.make_converter),
+        (_overload(CANN_NAMESPACE, FORWARD_TORCH_OP), forward.make_cann_converter),
+        (_overload(CANN_NAMESPACE, BACKWARD_TORCH_OP), backward.make_cann_converter),
     ]
     return [(op, make) for op, make in pairs if op is not None]
 

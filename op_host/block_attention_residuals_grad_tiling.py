@@ -27,8 +27,9 @@ from attnres_ge.op_host.tiling_base import (
     tiling_key,
     tiling_parse,
 )
+from attnres_ge.op_proto import BACKWARD
 
-OP_TYPE = "BlockAttentionResidualsGrad"
+OP_TYPE = BACKWARD.op_type
 FLOAT32_BYTES = 4
 TOKEN_SCALARS = 6  # inv_norm, prob, g, wv, gs, coefficient per row
 

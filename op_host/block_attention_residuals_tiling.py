@@ -28,8 +28,9 @@ from attnres_ge.op_host.tiling_base import (
     tiling_key,
     tiling_parse,
 )
+from attnres_ge.op_proto import FORWARD
 
-OP_TYPE = "BlockAttentionResiduals"
+OP_TYPE = FORWARD.op_type
 FLOAT32_BYTES = 4
 TOKEN_SCALARS = 3  # inv_norm, score, prob per row
 # The host's buffer is its L2, a cache rather than a scratchpad: the second pass re-reads a

@@ -29,9 +29,10 @@ import torch
 from attnres_ge.op_host.tiling_base import TilingRecord
 from attnres_ge.op_kernel.block_attention_residuals import block_attention_residuals_kernel
 from attnres_ge.op_kernel.block_attention_residuals_grad import block_attention_residuals_grad_kernel
+from attnres_ge.op_proto import BACKWARD, FORWARD
 
-FORWARD_OP = "BlockAttentionResiduals"
-BACKWARD_OP = "BlockAttentionResidualsGrad"
+FORWARD_OP = FORWARD.op_type
+BACKWARD_OP = BACKWARD.op_type
 KERNEL_ENV = "ATTNRES_GE_KERNEL"
 IMPLEMENTATIONS = ("native", "python")
 BUILD_HINT = "build it with: pip install torch==2.13.0 && pip install --no-build-isolation -e . (needs a C++ compiler)"
