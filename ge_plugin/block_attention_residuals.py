@@ -162,8 +162,10 @@ def _vmap_loop(op, batch_size, in_dims, tensors, attrs, **kwargs):
     whose weight gradients are per-sample sums."""
     samples = []
     for index in range(batch_size):
+        # in_dims covers every argument of the op, attributes included; only the tensors are selected.
         sample = [
-            tensor if dim is None else tensor.select(dim, index) for tensor, dim in zip(tensors, in_dims, strict=True)
+            tensor if dim is None else tensor.select(dim, index)
+            for tensor, dim in zip(tensors, in_dims[: len(tensors)], strict=True)
         ]
         samples.append(op(*sample, *attrs, **kwargs))
     stacked = tuple(torch.stack(outputs) for outputs in zip(*samples, strict=True))
