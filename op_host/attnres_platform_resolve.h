@@ -16,7 +16,9 @@
 #include <cstdint>
 
 #include "exe_graph/runtime/tiling_context.h"
+#include "exe_graph/runtime/tiling_parse_context.h"
 #include "graph/ge_error_codes.h"
+#include "log/log.h"
 
 namespace attnres_ge {
 
@@ -43,6 +45,24 @@ bool StrictPlatform();
 // Resolves the platform of `ctx` for op `opType` (used in log lines). GRAPH_FAILED only when the context has no
 // platform handle, or when a fallback is needed and strict mode is on; each failure is logged.
 ge::graphStatus ResolvePlatform(gert::TilingContext *ctx, const char *opType, ResolvedPlatform &out);
+
+// Both ops' TilingParse: the context, its compile info and its platform handle must exist; no platform fact is
+// read (the platform may not be filled in yet), so a cold platform never fails here.
+template <typename CompileInfo>
+ge::graphStatus ParseWithoutPlatformReads(gert::TilingParseContext *ctx, const char *opType)
+{
+    if (ctx == nullptr) {
+        OP_LOGE(opType, "[TilingParse] tiling parse context is null");
+        return ge::GRAPH_FAILED;
+    }
+    auto *compileInfo = ctx->GetCompiledInfo<CompileInfo>();
+    if (compileInfo == nullptr || ctx->GetPlatformInfo() == nullptr) {
+        OP_LOGE(opType, "[TilingParse] %s is null", compileInfo == nullptr ? "compile info" : "platform info");
+        return ge::GRAPH_FAILED;
+    }
+    compileInfo->parsed = 1;
+    return ge::GRAPH_SUCCESS;
+}
 
 }  // namespace attnres_ge
 

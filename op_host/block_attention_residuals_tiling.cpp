@@ -286,20 +286,9 @@ ge::graphStatus TilingBlockAttentionResiduals(gert::TilingContext *ctx)
     return ge::GRAPH_SUCCESS;
 }
 
-// Checks the handles only: the platform may not be filled in yet (see attnres_platform_resolve.h).
 ge::graphStatus TilingParseBlockAttentionResiduals(gert::TilingParseContext *ctx)
 {
-    if (ctx == nullptr) {
-        OP_LOGE(OP_TYPE, "[TilingParse] tiling parse context is null");
-        return ge::GRAPH_FAILED;
-    }
-    auto *compileInfo = ctx->GetCompiledInfo<BlockAttentionResidualsCompileInfo>();
-    if (compileInfo == nullptr || ctx->GetPlatformInfo() == nullptr) {
-        OP_LOGE(OP_TYPE, "[TilingParse] %s is null", compileInfo == nullptr ? "compile info" : "platform info");
-        return ge::GRAPH_FAILED;
-    }
-    compileInfo->parsed = 1;
-    return ge::GRAPH_SUCCESS;
+    return attnres_ge::ParseWithoutPlatformReads<BlockAttentionResidualsCompileInfo>(ctx, OP_TYPE);
 }
 
 }  // namespace
