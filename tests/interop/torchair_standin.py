@@ -160,13 +160,36 @@ def _source(ref: str) -> tuple[str, int]:
 
 def runnable_graph(loaded: LoadedGraph):
     """graph[0] parsed with the project's own ge.proto, dead nodes dropped; CaptureOnlyError unless it is all ours."""
-    graph_def = live_graph(ModelDef.FromString(loaded.model_def_bytes).graph[0])
+    graph_def = without_identities(live_graph(ModelDef.FromString(loaded.model_def_bytes).graph[0]))
     foreign = sorted({op.type for op in graph_def.op if op.type not in RUNNABLE_FRAME and op.type not in PROTOTYPES})
     if foreign:
         raise CaptureOnlyError(
             f"torchair stand-in only captures graph {loaded.name!r}: it holds {foreign}, and only graphs of "
             f"Data, {', '.join(sorted(PROTOTYPES))} and NetOutput can run here"
         )
+    return graph_def
+
+
+def without_identities(graph_def):
+    """Identity ops bypassed and dropped, as GE's graph passes do. torchair emits one per aten.detach, which
+    AOTAutograd puts on every saved output that requires grad (the forward's statistics, differentiable for
+    second-order gradients)."""
+    identities = {op.name: op.input[0] for op in graph_def.op if op.type == "Identity"}
+
+    def source(ref: str) -> str:
+        name, _, _ = ref.rpartition(":")
+        while name in identities:
+            ref = identities[name]
+            name, _, _ = ref.rpartition(":")
+        return ref
+
+    kept = [op for op in graph_def.op if op.type != "Identity"]
+    for op in kept:
+        rewired = [ref if ref.startswith("^") or not ref else source(ref) for ref in op.input]
+        del op.input[:]
+        op.input.extend(rewired)
+    del graph_def.op[:]
+    graph_def.op.extend(kept)
     return graph_def
 
 
