@@ -9,9 +9,12 @@
 #define ATTNRES_GE_OP_PROTO_SHAPE_CHECK_H
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "exe_graph/runtime/infer_datatype_context.h"
 #include "exe_graph/runtime/shape.h"
 #include "graph/types.h"
 #include "log/log.h"
@@ -133,6 +136,63 @@ inline void SetShape(gert::Shape *out, const std::vector<int64_t> &dims)
 inline int64_t RowsOf(int64_t blocks)
 {
     return IsUnknownDim(blocks) ? UNKNOWN_DIM : blocks + 1;
+}
+
+// The dims both ops' value inputs share; UNKNOWN_DIM where GE does not know them.
+struct ValueDims {
+    int64_t tokens = UNKNOWN_DIM;
+    int64_t blocks = UNKNOWN_DIM;
+    int64_t hidden = UNKNOWN_DIM;
+};
+
+// partial_block [T, H] with H >= 1, block_res [T, N, H] with minBlocks <= N <= maxBlocks: the checks both ops'
+// InferShape start with, in the Python prototypes' order.
+inline bool CheckValueShapes(const char *op, const gert::Shape *partial, const gert::Shape *blockRes,
+                             int64_t minBlocks, int64_t maxBlocks, ValueDims &dims)
+{
+    if (!CheckTensorShape(op, "partial_block", partial, "[T, H]", {UNKNOWN_DIM, UNKNOWN_DIM})) {
+        return false;
+    }
+    const std::vector<int64_t> th = DimsOf(*partial, 2);
+    dims.tokens = th[0];
+    dims.hidden = th[1];
+    if (!CheckDimRange(op, "partial_block", "H", "hidden size", dims.hidden, 1, -1) ||
+        !CheckTensorShape(op, "block_res", blockRes, "[T, N, H]", {dims.tokens, UNKNOWN_DIM, dims.hidden})) {
+        return false;
+    }
+    dims.blocks = DimsOf(*blockRes, 3)[1];
+    return CheckDimRange(op, "block_res", "N", "completed blocks", dims.blocks, minBlocks, maxBlocks);
+}
+
+// InferDataType's input checks: partial_block float16, bfloat16 or float32 (its dtype is returned in `dtype`),
+// every input of `sameAsPartial` of that dtype, every input of `float32Only` float32.
+inline bool CheckInputDtypes(const char *op, gert::InferDataTypeContext *ctx, size_t partialIndex,
+                             std::initializer_list<std::pair<size_t, const char *>> sameAsPartial,
+                             std::initializer_list<std::pair<size_t, const char *>> float32Only, ge::DataType &dtype)
+{
+    dtype = ctx->GetInputDataType(partialIndex);
+    if (!IsFloatDtype(dtype)) {
+        OP_LOGE(op, "[InferDataType] partial_block must have dtype in (float16, bfloat16, float32), got %s (%d)",
+                DtypeText(dtype), static_cast<int>(dtype));
+        return false;
+    }
+    for (const auto &[index, name] : sameAsPartial) {
+        const ge::DataType got = ctx->GetInputDataType(index);
+        if (got != dtype) {
+            OP_LOGE(op, "[InferDataType] %s must have the dtype of partial_block (%s), got %s (%d)", name,
+                    DtypeText(dtype), DtypeText(got), static_cast<int>(got));
+            return false;
+        }
+    }
+    for (const auto &[index, name] : float32Only) {
+        const ge::DataType got = ctx->GetInputDataType(index);
+        if (got != ge::DT_FLOAT) {
+            OP_LOGE(op, "[InferDataType] %s must have dtype float32, got %s (%d)", name, DtypeText(got),
+                    static_cast<int>(got));
+            return false;
+        }
+    }
+    return true;
 }
 
 }  // namespace attnres_ge

@@ -11,9 +11,7 @@
 
 namespace ops {
 namespace {
-using attnres_ge::CheckDimRange;
 using attnres_ge::CheckTensorShape;
-using attnres_ge::DimsOf;
 
 constexpr const char *OP_TYPE = "BlockAttentionResiduals";
 constexpr size_t INPUT_PARTIAL_BLOCK = 0;
@@ -28,7 +26,6 @@ constexpr size_t ATTR_NORM_EPS = 1;
 constexpr size_t ATTR_NEED_BACKWARD = 2;
 constexpr int64_t MIN_NUM_BLOCKS = 1;
 constexpr int64_t MAX_NUM_BLOCKS = 100;
-constexpr int64_t MIN_HIDDEN = 1;
 constexpr int64_t VALID_BLOCK_NUM_ALL = -1;
 constexpr float DEFAULT_NORM_EPS = 1e-6F;
 
@@ -81,23 +78,16 @@ ge::graphStatus InferShapeBlockAttentionResiduals(gert::InferShapeContext *ctx)
     if (ctx == nullptr) {
         return ge::GRAPH_FAILED;
     }
-    const gert::Shape *partial = ctx->GetInputShape(INPUT_PARTIAL_BLOCK);
-    const gert::Shape *blockRes = ctx->GetInputShape(INPUT_BLOCK_RES);
-    const int64_t unknown = attnres_ge::UNKNOWN_DIM;
-    if (!CheckTensorShape(OP_TYPE, "partial_block", partial, "[T, H]", {unknown, unknown})) {
+    attnres_ge::ValueDims dims;
+    if (!attnres_ge::CheckValueShapes(OP_TYPE, ctx->GetInputShape(INPUT_PARTIAL_BLOCK),
+                                      ctx->GetInputShape(INPUT_BLOCK_RES), MIN_NUM_BLOCKS, MAX_NUM_BLOCKS, dims)) {
         return ge::GRAPH_FAILED;
     }
-    const std::vector<int64_t> th = DimsOf(*partial, 2);
-    const int64_t tokens = th[0];
-    const int64_t hidden = th[1];
-    if (!CheckDimRange(OP_TYPE, "partial_block", "H", "hidden size", hidden, MIN_HIDDEN, -1) ||
-        !CheckTensorShape(OP_TYPE, "block_res", blockRes, "[T, N, H]", {tokens, unknown, hidden})) {
-        return ge::GRAPH_FAILED;
-    }
-    const int64_t blocks = DimsOf(*blockRes, 3)[1];
+    const int64_t tokens = dims.tokens;
+    const int64_t blocks = dims.blocks;
+    const int64_t hidden = dims.hidden;
     const ForwardAttrs attrs = ReadAttrs(ctx->GetAttrs());
-    if (!CheckDimRange(OP_TYPE, "block_res", "N", "completed blocks", blocks, MIN_NUM_BLOCKS, MAX_NUM_BLOCKS) ||
-        !CheckProjWeight(ctx->GetInputShape(INPUT_PROJ_WEIGHT), hidden) ||
+    if (!CheckProjWeight(ctx->GetInputShape(INPUT_PROJ_WEIGHT), hidden) ||
         !CheckTensorShape(OP_TYPE, "norm_weight", ctx->GetInputShape(INPUT_NORM_WEIGHT), "[H]", {hidden}) ||
         !CheckAttrs(attrs, blocks)) {
         return ge::GRAPH_FAILED;
@@ -115,21 +105,13 @@ ge::graphStatus InferDataTypeBlockAttentionResiduals(gert::InferDataTypeContext 
     if (ctx == nullptr) {
         return ge::GRAPH_FAILED;
     }
-    const ge::DataType dtype = ctx->GetInputDataType(INPUT_PARTIAL_BLOCK);
-    if (!attnres_ge::IsFloatDtype(dtype)) {
-        OP_LOGE(OP_TYPE, "[InferDataType] partial_block must have dtype in (float16, bfloat16, float32), got %s (%d)",
-                attnres_ge::DtypeText(dtype), static_cast<int>(dtype));
+    ge::DataType dtype = ge::DT_UNDEFINED;
+    if (!attnres_ge::CheckInputDtypes(OP_TYPE, ctx, INPUT_PARTIAL_BLOCK,
+                                      {{INPUT_BLOCK_RES, "block_res"},
+                                       {INPUT_PROJ_WEIGHT, "proj_weight"},
+                                       {INPUT_NORM_WEIGHT, "norm_weight"}},
+                                      {}, dtype)) {
         return ge::GRAPH_FAILED;
-    }
-    const std::pair<size_t, const char *> sameAsPartial[] = {
-        {INPUT_BLOCK_RES, "block_res"}, {INPUT_PROJ_WEIGHT, "proj_weight"}, {INPUT_NORM_WEIGHT, "norm_weight"}};
-    for (const auto &[index, name] : sameAsPartial) {
-        const ge::DataType got = ctx->GetInputDataType(index);
-        if (got != dtype) {
-            OP_LOGE(OP_TYPE, "[InferDataType] %s must have the dtype of partial_block (%s), got %s (%d)", name,
-                    attnres_ge::DtypeText(dtype), attnres_ge::DtypeText(got), static_cast<int>(got));
-            return ge::GRAPH_FAILED;
-        }
     }
     ctx->SetOutputDataType(OUTPUT_HIDDEN_STATES, dtype);
     ctx->SetOutputDataType(OUTPUT_INV_NORM, ge::DT_FLOAT);
