@@ -11,19 +11,17 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../op_proto/block_attention_residuals_grad_io.h"
 #include "attnres_platform_resolve.h"
 #include "log/log.h"
 #include "register/op_impl_registry.h"
 
 namespace optiling {
 namespace {
+using namespace attnres_ge::block_attention_residuals_grad_io;
 
-constexpr const char *OP_TYPE = "BlockAttentionResidualsGrad";
-constexpr size_t INPUT_PARTIAL_BLOCK = 0;
-constexpr size_t INPUT_BLOCK_RES = 1;
 constexpr size_t PARTIAL_BLOCK_RANK = 2;
 constexpr size_t BLOCK_RES_RANK = 3;
-constexpr int64_t MAX_NUM_BLOCKS = 128;  // the kernel keeps N + 1 per-block values resident in UB
 
 constexpr uint64_t FP32_BYTES = sizeof(float);
 constexpr uint64_t ALIGN_32B = 32;

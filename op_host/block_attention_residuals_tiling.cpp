@@ -13,28 +13,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "../op_proto/block_attention_residuals_io.h"
 #include "attnres_platform_resolve.h"
 #include "log/log.h"
 #include "register/op_impl_registry.h"
 
 namespace optiling {
 namespace {
+using namespace attnres_ge::block_attention_residuals_io;
 
-constexpr const char *OP_TYPE = "BlockAttentionResiduals";
-constexpr size_t INPUT_PARTIAL_BLOCK = 0;
-constexpr size_t INPUT_BLOCK_RES = 1;
-constexpr size_t INPUT_PROJ_WEIGHT = 2;
-constexpr size_t INPUT_NORM_WEIGHT = 3;
-constexpr size_t OUTPUT_HIDDEN_STATES = 0;
-constexpr size_t OUTPUT_INV_NORM = 1;
-constexpr size_t OUTPUT_PROBS = 2;
-constexpr size_t ATTR_VALID_BLOCK_NUM = 0;
-constexpr size_t ATTR_NORM_EPS = 1;
-constexpr size_t ATTR_NEED_BACKWARD = 2;
-constexpr int64_t MIN_NUM_BLOCKS = 1;
-constexpr int64_t MAX_NUM_BLOCKS = 100;
-constexpr int64_t VALID_BLOCK_NUM_ALL = -1;
-constexpr float DEFAULT_NORM_EPS = 1e-6F;
 
 constexpr uint64_t UB_BUDGET_BYTES = 192UL * 1024UL;    // the kernels' UB budget (DAV_2201's UB), on every SoC
 constexpr uint64_t UB_OVERHEAD_BYTES = 32UL * 1024UL;   // TPipe, queue headers and alignment slack

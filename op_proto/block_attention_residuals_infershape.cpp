@@ -7,27 +7,13 @@
 #include <cmath>
 
 #include "attnres_shape_check.h"
+#include "block_attention_residuals_io.h"
 #include "register/op_impl_registry.h"
 
 namespace ops {
 namespace {
 using attnres_ge::CheckTensorShape;
-
-constexpr const char *OP_TYPE = "BlockAttentionResiduals";
-constexpr size_t INPUT_PARTIAL_BLOCK = 0;
-constexpr size_t INPUT_BLOCK_RES = 1;
-constexpr size_t INPUT_PROJ_WEIGHT = 2;
-constexpr size_t INPUT_NORM_WEIGHT = 3;
-constexpr size_t OUTPUT_HIDDEN_STATES = 0;
-constexpr size_t OUTPUT_INV_NORM = 1;
-constexpr size_t OUTPUT_PROBS = 2;
-constexpr size_t ATTR_VALID_BLOCK_NUM = 0;
-constexpr size_t ATTR_NORM_EPS = 1;
-constexpr size_t ATTR_NEED_BACKWARD = 2;
-constexpr int64_t MIN_NUM_BLOCKS = 1;
-constexpr int64_t MAX_NUM_BLOCKS = 100;
-constexpr int64_t VALID_BLOCK_NUM_ALL = -1;
-constexpr float DEFAULT_NORM_EPS = 1e-6F;
+using namespace attnres_ge::block_attention_residuals_io;
 
 struct ForwardAttrs {
     int64_t validBlockNum = VALID_BLOCK_NUM_ALL;
