@@ -14,6 +14,7 @@
 #define ATTNRES_GE_OP_HOST_PLATFORM_RESOLVE_H
 
 #include <cstdint>
+#include <cstring>
 
 #include "exe_graph/runtime/tiling_context.h"
 #include "exe_graph/runtime/tiling_parse_context.h"
@@ -45,6 +46,24 @@ bool StrictPlatform();
 // Resolves the platform of `ctx` for op `opType` (used in log lines). GRAPH_FAILED only when the context has no
 // platform handle, or when a fallback is needed and strict mode is on; each failure is logged.
 ge::graphStatus ResolvePlatform(gert::TilingContext *ctx, const char *opType, ResolvedPlatform &out);
+
+// Both ops' Tiling output: the kernel's tiling record (copied whole, padding included) and workspace[0].
+template <typename TilingData>
+ge::graphStatus WriteTiling(gert::TilingContext *ctx, const char *opType, const TilingData &record,
+                            uint64_t workspaceBytes)
+{
+    gert::TilingData *raw = ctx->GetRawTilingData();
+    size_t *workspaces = ctx->GetWorkspaceSizes(1);
+    if (raw == nullptr || raw->GetData() == nullptr || raw->GetCapacity() < sizeof(record) || workspaces == nullptr) {
+        OP_LOGE(opType, "[Tiling] tiling data buffer (need %zu bytes) or workspace slot missing from the context",
+                sizeof(record));
+        return ge::GRAPH_FAILED;
+    }
+    std::memcpy(raw->GetData(), &record, sizeof(record));
+    raw->SetDataSize(sizeof(record));
+    workspaces[0] = static_cast<size_t>(workspaceBytes);
+    return ge::GRAPH_SUCCESS;
+}
 
 // Both ops' TilingParse: the context, its compile info and its platform handle must exist; no platform fact is
 // read (the platform may not be filled in yet), so a cold platform never fails here.

@@ -273,21 +273,13 @@ ge::graphStatus TilingBlockAttentionResidualsGrad(gert::TilingContext *ctx)
     }
 
     const BlockAttentionResidualsGradTilingData td = MakeTilingData(shape, plan, platform.vectorCoreNum);
-    gert::TilingData *raw = ctx->GetRawTilingData();
-    size_t *workspaces = ctx->GetWorkspaceSizes(1);
-    if (raw == nullptr || raw->GetData() == nullptr || raw->GetCapacity() < sizeof(td) || workspaces == nullptr) {
-        OP_LOGE(OP_TYPE, "[Tiling] tiling data buffer (need %zu bytes) or workspace slot missing from the context",
-                sizeof(td));
-        return ge::GRAPH_FAILED;
-    }
-    std::memcpy(raw->GetData(), &td, sizeof(td));
-    raw->SetDataSize(sizeof(td));
-
     uint64_t userWorkspace = td.perCoreWkspBytes * platform.vectorCoreNum;
     if (plan.splitH) {
         userWorkspace += 2 * BlockValuesWorkspaceBytes(shape);  // grad_scores and variance_scale
     }
-    workspaces[0] = static_cast<size_t>(userWorkspace + platform.sysWorkspaceSize);
+    if (attnres_ge::WriteTiling(ctx, OP_TYPE, td, userWorkspace + platform.sysWorkspaceSize) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     ctx->SetTilingKey(plan.splitH ? TILING_KEY_SPLIT_H : TILING_KEY_FULL_H);
     ctx->SetBlockDim(platform.vectorCoreNum);
     ctx->SetScheduleMode(SCHEDULE_MODE_BATCH);

@@ -255,16 +255,10 @@ ge::graphStatus TilingBlockAttentionResiduals(gert::TilingContext *ctx)
     }
     uint64_t key = TILING_KEY_RELOAD;
     const BlockAttentionResidualsTilingData td = MakeTilingData(shape, platform.vectorCoreNum, key);
-    gert::TilingData *raw = ctx->GetRawTilingData();
-    size_t *workspaces = ctx->GetWorkspaceSizes(1);
-    if (raw == nullptr || raw->GetData() == nullptr || raw->GetCapacity() < sizeof(td) || workspaces == nullptr) {
-        OP_LOGE(OP_TYPE, "[Tiling] tiling data buffer (need %zu bytes) or workspace slot missing from the context",
-                sizeof(td));
+    // The kernels use no workspace of their own.
+    if (attnres_ge::WriteTiling(ctx, OP_TYPE, td, platform.sysWorkspaceSize) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
     }
-    std::memcpy(raw->GetData(), &td, sizeof(td));
-    raw->SetDataSize(sizeof(td));
-    workspaces[0] = static_cast<size_t>(platform.sysWorkspaceSize);  // the kernels use no workspace of their own
     ctx->SetTilingKey(key);
     ctx->SetBlockDim(td.usedCoreNum);
     OP_LOGD(OP_TYPE, "[Tiling] key=%lu T=%ld N=%ld H=%ld cores=%u tokensPerCore=%ld chunk=%ld",
