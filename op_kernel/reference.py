@@ -8,6 +8,42 @@ from __future__ import annotations
 import torch
 
 
+def value_rows(partial_block: torch.Tensor, block_res: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[T, N+1, H] in `dtype`: the N blocks, then the partial block."""
+    return torch.cat([block_res, partial_block.unsqueeze(-2)], dim=-2).to(dtype)
+
+
+def forward_math(partial_block, block_res, proj_weight, norm_weight, norm_eps: float, dtype: torch.dtype):
+    """The forward's formulas (docs/contract.md) in differentiable torch ops, computed in `dtype`:
+    (hidden_states [T, H], inv_norm [T, N+1], probs [T, N+1])."""
+    values = value_rows(partial_block, block_res, dtype)
+    inv_norm = torch.rsqrt(values.pow(2).mean(dim=-1) + norm_eps)
+    score_weight = norm_weight.to(dtype) * proj_weight.reshape(-1).to(dtype)
+    scores = inv_norm * (values * score_weight).sum(dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    hidden_states = (probs.unsqueeze(-1) * values).sum(dim=-2)
+    return hidden_states, inv_norm, probs
+
+
+def backward_math(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
+                  dtype: torch.dtype):
+    """The backward op's formulas (docs/contract.md) in differentiable torch ops, computed in `dtype`, with
+    `inv_norm` and `probs` used as given: (grad_partial_block [T, H], grad_block_res [T, N, H],
+    grad_proj_weight [H], grad_norm_weight [H])."""
+    values = value_rows(partial_block, block_res, dtype)
+    go = grad_hidden_states.to(dtype).unsqueeze(-2)  # [T, 1, H]
+    p, r = probs.to(dtype), inv_norm.to(dtype)  # [T, N+1]
+    proj, norm = proj_weight.reshape(-1).to(dtype), norm_weight.to(dtype)
+    score_weight = norm * proj
+    g = (go * values).sum(dim=-1)
+    gs = p * (g - (p * g).sum(dim=-1, keepdim=True))
+    gsw = ((gs * r).unsqueeze(-1) * values).sum(dim=(-3, -2))
+    gr = gs * (values * score_weight).sum(dim=-1)
+    a, c = gs * r, gr * r**3 / values.shape[-1]
+    grads = go * p.unsqueeze(-1) + a.unsqueeze(-1) * score_weight - c.unsqueeze(-1) * values
+    return grads[..., -1, :], grads[..., :-1, :], gsw * norm, gsw * proj
+
+
 def block_attention_residuals_reference(
     partial_block: torch.Tensor,  # [T, H]
     block_res: torch.Tensor,  # [T, N, H]
@@ -16,13 +52,7 @@ def block_attention_residuals_reference(
     norm_eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(hidden_states [T, H], inv_norm [T, N+1], probs [T, N+1]), all float64."""
-    values = torch.cat([block_res, partial_block.unsqueeze(1)], dim=1).double()  # [T, N+1, H]
-    inv_norm = torch.rsqrt(values.pow(2).mean(dim=-1) + norm_eps)
-    score_weight = norm_weight.double() * proj_weight.reshape(-1).double()
-    scores = inv_norm * (values * score_weight).sum(dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    hidden_states = (probs.unsqueeze(-1) * values).sum(dim=1)
-    return hidden_states, inv_norm, probs
+    return forward_math(partial_block, block_res, proj_weight, norm_weight, norm_eps, torch.float64)
 
 
 def block_attention_residuals_grad_reference(
@@ -34,26 +64,15 @@ def block_attention_residuals_grad_reference(
     inv_norm: torch.Tensor,  # [T, N+1]
     probs: torch.Tensor,  # [T, N+1]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward op's formulas (docs/contract.md) in float64, with `inv_norm` and `probs` used as given.
+    """The backward op's formulas in float64, with `inv_norm` and `probs` used as given.
 
     The oracle of the backward op on its own: the op receives float32 statistics, so its reference
     starts from those same rounded values rather than from the exact ones autograd would use.
     (grad_partial_block [T, H], grad_block_res [T, N, H], grad_proj_weight [H], grad_norm_weight [H]),
     all float64.
     """
-    values = torch.cat([block_res, partial_block.unsqueeze(1)], dim=1).double()  # [T, N+1, H]
-    go = grad_hidden_states.double().unsqueeze(1)  # [T, 1, H]
-    p, r = probs.double(), inv_norm.double()  # [T, N+1]
-    proj, norm = proj_weight.reshape(-1).double(), norm_weight.double()
-    score_weight = norm * proj
-    g = (go * values).sum(dim=-1)
-    gs = p * (g - (p * g).sum(dim=-1, keepdim=True))
-    gsw = ((gs * r).unsqueeze(-1) * values).sum(dim=(0, 1))
-    gr = gs * (values * score_weight).sum(dim=-1)
-    a, c = gs * r, gr * r**3 / values.shape[-1]
-    grads = go * p.unsqueeze(-1) + a.unsqueeze(-1) * score_weight - c.unsqueeze(-1) * values
-    blocks = block_res.shape[1]
-    return grads[:, blocks], grads[:, :blocks], gsw * norm, gsw * proj
+    return backward_math(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
+                         torch.float64)
 
 
 def gradient_term_scale(
@@ -74,7 +93,7 @@ def gradient_term_scale(
         S = |go| p + G r |w| + G |sum_h w v| r^3 / H |v|,
     which can be far larger than |gv| itself when the terms cancel.
     """
-    values = torch.cat([block_res, partial_block.unsqueeze(1)], dim=1).double()  # [T, N+1, H]
+    values = value_rows(partial_block, block_res, torch.float64)  # [T, N+1, H]
     go = grad_hidden_states.double().unsqueeze(1)
     p, r = probs.double(), inv_norm.double()
     score_weight = norm_weight.double() * proj_weight.reshape(-1).double()
