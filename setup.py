@@ -17,6 +17,7 @@ every call; rebuild later with the same pip command.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import time
@@ -34,20 +35,9 @@ SOURCES = [
     "op_kernel/csrc/isa_avx512.cpp",
     "op_kernel/csrc/isa_avx512bf16.cpp",
 ]
-HEADERS = [  # rebuilt when one changes; shipped in an sdist
-    "op_kernel/csrc/attnres_native.h",
-    "op_kernel/csrc/dispatch.h",
-    "op_kernel/csrc/thread_pool.h",
-    "op_kernel/csrc/isa_common.h",
-    "op_kernel/csrc/kernel_loops.h",
-    "op_kernel/csrc/forward_kernel.h",
-    "op_kernel/csrc/backward_kernel.h",
-    "op_kernel/csrc/simd_scalar.h",
-    "op_kernel/csrc/simd_avx2.h",
-    "op_kernel/csrc/simd_avx512.h",
-]
+HEADERS = sorted(glob.glob("op_kernel/csrc/*.h"))  # rebuilt when one changes; shipped in an sdist
 # The ops' C++ entry (dispatcher kernels, compiled graph nodes, launches cached per signature): torch
-# headers, so it takes longer to build; it calls the kernels of _native through a capsule.
+# headers, so it takes longer to build; it runs the launch records _native hands out in capsules.
 ENTRY_MODULE = "attnres_ge.ge_plugin._cpp_entry"
 ENTRY_SOURCES = ["ge_plugin/csrc/cpp_entry.cpp"]
 WITHOUT = {  # what a failed build of each extension means
@@ -114,7 +104,7 @@ def _native_build():
     entry = CppExtension(
         ENTRY_MODULE,
         ENTRY_SOURCES,
-        depends=["op_kernel/csrc/attnres_native.h"],
+        depends=HEADERS,
         extra_compile_args={"cxx": ["-O2"]},
     )
     return [kernels, entry], {"build_ext": OptionalBuildExtension}

@@ -14,5 +14,6 @@ __version__ = "0.1.0"
 __all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference", "ge_backend"]
 
 if not installed_in_place_of_checkout(__name__, __path__):
-    from attnres_ge.ge_plugin import BlockAttnRes, block_attention_residuals, ge_backend
+    from attnres_ge.api import BlockAttnRes, block_attention_residuals
+    from attnres_ge.ge_plugin import ge_backend
     from attnres_ge.op_kernel.reference import block_attention_residuals_reference

@@ -183,9 +183,10 @@ class Case:
     def _kernel(self):
         from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
         from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
-        from attnres_ge.op_host.runtime import default_runtime
         from attnres_ge.op_kernel import KERNELS
-        from attnres_ge.op_proto import BACKWARD, FORWARD
+        from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
+        from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
+        from attnres_ge.op_kernel.launcher import default_runtime
 
         tokens, blocks, hidden = self.shape
         platform = default_runtime().platform
@@ -198,8 +199,8 @@ class Case:
         backward_out = tuple(torch.empty_like(t) for t in self.inputs)
         workspace = torch.empty(max(forward.workspace_size, backward.workspace_size), dtype=torch.uint8)
         # Launched as the runtime launches them: a record prepared once, no per-call checks.
-        _, forward_launch = KERNELS.launch(FORWARD.op_type, forward.data, self.dtype)
-        _, backward_launch = KERNELS.launch(BACKWARD.op_type, backward.data, self.dtype)
+        _, forward_launch = KERNELS.launch(FORWARD_KERNEL, forward.data, self.dtype)
+        _, backward_launch = KERNELS.launch(BACKWARD_KERNEL, backward.data, self.dtype)
         backward_inputs = (*self.inputs, self.grad_hidden, self.inv_norm, self.probs)
         return {
             "forward": lambda: forward_launch(self.inputs, forward_out, workspace),

@@ -64,9 +64,10 @@ def cmd_tiling(args) -> int:
 
 
 def cmd_export_proto(args) -> int:
+    from attnres_ge.ge_plugin.ops import OPS
     from attnres_ge.op_proto.export import export_prototypes
 
-    for path in export_prototypes(args.out):
+    for path in export_prototypes([op.prototype for op in OPS], args.out):
         print(f"wrote {path}")
     return 0
 

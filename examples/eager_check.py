@@ -8,7 +8,9 @@ from __future__ import annotations
 import torch
 
 from attnres_ge import BlockAttnRes, block_attention_residuals_reference
-from attnres_ge.op_host.runtime import default_runtime
+from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
+from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
+from attnres_ge.op_kernel.launcher import default_runtime
 from attnres_ge.op_kernel.reference import TOLERANCES, max_violation
 from attnres_ge.op_proto import BACKWARD, FORWARD, TensorMeta
 
@@ -58,8 +60,8 @@ def print_tilings(dtype: torch.dtype) -> None:
     partial = TensorMeta((TOKENS, HIDDEN), dtype)
     blocks = TensorMeta((TOKENS, BLOCKS, HIDDEN), dtype)
     forward_inputs = {"partial_block": partial, "block_res": blocks}
-    forward = runtime.tiling(FORWARD.op_type, forward_inputs, FORWARD.bind_attrs({"need_backward": True}))
-    backward = runtime.tiling(BACKWARD.op_type, forward_inputs, BACKWARD.bind_attrs({}))
+    forward = runtime.tiling(FORWARD_KERNEL, forward_inputs, FORWARD.bind_attrs({"need_backward": True}))
+    backward = runtime.tiling(BACKWARD_KERNEL, forward_inputs, BACKWARD.bind_attrs({}))
     print(f"Tiling on {runtime.platform}:")
     for name, result in (("forward", forward), ("backward", backward)):
         print(f"  {name}: " + result.describe().replace("\n", "\n    "))

@@ -1,6 +1,10 @@
-"""PyTorch side of the Block AttnRes ops: torch ops, autograd, the public entry points and graph mode."""
+"""PyTorch and GE side of the Block AttnRes ops: the torch ops and their autograd, the op registry
+(ops.py), graph mode (converters, the local GE, the torch.compile backend) and the NPU dispatch.
 
-from attnres_ge.ge_plugin.api import BlockAttnRes, block_attention_residuals
+Importing it defines torch.ops.attnres.<op> for every op of the registry.
+"""
+
+from attnres_ge.ge_plugin import block_attention_residuals, block_attention_residuals_grad  # noqa: F401  (define the torch ops)
 from attnres_ge.ge_plugin.backend import ge_backend, register_dynamo_backend
 from attnres_ge.ge_plugin.converters import register_torchair_converters
 from attnres_ge.ge_plugin.npu import register_npu_kernels
@@ -9,4 +13,4 @@ register_npu_kernels()
 register_torchair_converters()
 register_dynamo_backend()
 
-__all__ = ["BlockAttnRes", "block_attention_residuals", "ge_backend"]
+__all__ = ["ge_backend"]

@@ -27,7 +27,7 @@ from attnres_ge.ge_plugin.converters import local_converters
 from attnres_ge.ge_plugin.fx_to_ge import build_node_graph
 from attnres_ge.ge_plugin.ge_ir import GraphDef
 from attnres_ge.ge_plugin.local_ge import CompiledGraph, compile_graph
-from attnres_ge.op_host.runtime import HostRuntime
+from attnres_ge.op_kernel.launcher import HostRuntime
 
 DYNAMO_BACKEND_NAME = "attnres_ge"
 

@@ -19,15 +19,14 @@ from __future__ import annotations
 import torch
 
 from attnres_ge.ge_plugin import torch_formulas
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
-from attnres_ge.op_proto import FORWARD
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS as OP
 
-NAME = "block_attention_residuals"
+NAME = OP.name
 SCHEMA = (
     "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
     "int valid_block_num=-1, float norm_eps=1e-06, bool need_backward=False) -> (Tensor, Tensor, Tensor)"
 )
-LIBRARY.define(NAME + SCHEMA)
 
 
 def _cpu(
@@ -40,12 +39,12 @@ def _cpu(
     need_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     attrs = {"valid_block_num": valid_block_num, "norm_eps": norm_eps, "need_backward": need_backward}
-    return run_eager(FORWARD, (partial_block, block_res, proj_weight, norm_weight), attrs)
+    return run_eager(OP.kernel, (partial_block, block_res, proj_weight, norm_weight), attrs)
 
 
 def _fake(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-1, norm_eps=1e-6, need_backward=False):
     attrs = {"valid_block_num": valid_block_num, "norm_eps": norm_eps, "need_backward": need_backward}
-    return fake_outputs(FORWARD, (partial_block, block_res, proj_weight, norm_weight), attrs)
+    return fake_outputs(OP.prototype, (partial_block, block_res, proj_weight, norm_weight), attrs)
 
 
 def _add(first, second):
@@ -177,8 +176,7 @@ def _apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-
                                  need_backward)
 
 
-torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
+define_op(OP, SCHEMA, _fake, _cpu)
 LIBRARY.impl(NAME, _apply, "FuncTorchDynamicLayerFrontMode")
-if not CPP_ENTRY:  # else ge_plugin/csrc registers the CPU kernel and the same autograd in C++
-    LIBRARY.impl(NAME, _cpu, "CPU")
+if not CPP_ENTRY:  # else ge_plugin/csrc registers the same autograd in C++ (block_attention_residuals_grad.py)
     LIBRARY.impl(NAME, _apply, "Autograd")

@@ -18,17 +18,15 @@ import torch
 
 from attnres_ge.ge_plugin import torch_formulas
 from attnres_ge.ge_plugin.block_attention_residuals import _vmap_loop, statistics_backward
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, fake_outputs, run_eager
-from attnres_ge.op_proto import BACKWARD
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS_GRAD as OP
 
-NAME = "block_attention_residuals_backward"
+NAME = OP.name
 SCHEMA = (
     "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
     "Tensor grad_hidden_states, Tensor inv_norm, Tensor probs, *, int valid_block_num=0) "
     "-> (Tensor, Tensor, Tensor, Tensor)"
 )
-
-LIBRARY.define(NAME + SCHEMA)
 
 
 def _cpu(
@@ -43,13 +41,13 @@ def _cpu(
     valid_block_num: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     tensors = (partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs)
-    return run_eager(BACKWARD, tensors, {"valid_block_num": valid_block_num})
+    return run_eager(OP.kernel, tensors, {"valid_block_num": valid_block_num})
 
 
 def _fake(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs, *,
           valid_block_num=0):
     tensors = (partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs)
-    return fake_outputs(BACKWARD, tensors, {"valid_block_num": valid_block_num})
+    return fake_outputs(OP.prototype, tensors, {"valid_block_num": valid_block_num})
 
 
 class BackwardFunction(torch.autograd.Function):
@@ -105,12 +103,12 @@ def _functorch(*tensors, valid_block_num=0):
     return differentiable_backward(*tensors, valid_block_num)
 
 
-torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
+define_op(OP, SCHEMA, _fake, _cpu)
 LIBRARY.impl(NAME, _functorch, "FuncTorchDynamicLayerFrontMode")
-if CPP_ENTRY:  # its Autograd kernels call these for the derivatives the kernels do not compute
+if CPP_ENTRY:  # the C++ Autograd kernels of both ops; they call these for the derivatives the kernels do not compute
     from attnres_ge.ge_plugin import _cpp_entry
 
     _cpp_entry.set_autograd_formulas(statistics_backward, differentiable_backward)
-else:  # ge_plugin/csrc registers the CPU kernel and the same autograd in C++
-    LIBRARY.impl(NAME, _cpu, "CPU")
+    _cpp_entry.register_autograd()
+else:
     LIBRARY.impl(NAME, _autograd, "Autograd")

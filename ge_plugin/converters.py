@@ -1,8 +1,9 @@
 """Which torch op converts with which converter, for the local GE and for torchair.
 
 Local (always): `local_converters()` maps each torch op overload to its converter bound to this
-package's `ge` module: the attnres ops, plus CANN's `cann_ops_transformer` ops when that
-library is loaded (looked up at each call, so loading it later still counts).
+package's `ge` module: every op of the registry (ge_plugin/ops.py), plus CANN's
+`cann_ops_transformer` op of the same name when that library is loaded (looked up at each
+call, so loading it later still counts).
 
 torchair (when `import torchair` succeeds): `register_torchair_converters()` registers the same
 converters, bound to `torchair.ge`, with `torchair.register_fx_node_ge_converter(op)`. It runs
@@ -21,13 +22,8 @@ from types import ModuleType
 
 import torch
 
-from attnres_ge.ge_plugin import block_attention_residuals_converter as forward
-from attnres_ge.ge_plugin import block_attention_residuals_grad_converter as backward
 from attnres_ge.ge_plugin import ge as local_ge
-
-ATTNRES_NAMESPACE = "attnres"
-CANN_NAMESPACE = "cann_ops_transformer"
-FORWARD_TORCH_OP, BACKWARD_TORCH_OP = "block_attention_residuals", "block_attention_residuals_backward"
+from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, OPS
 
 
 def _overload(namespace: str, op_name: str):
@@ -40,12 +36,8 @@ def _overload(namespace: str, op_name: str):
 
 def _converter_makers() -> list[tuple[object, Callable[[ModuleType], Callable]]]:
     """(torch op overload, converter factory taking a `ge` namespace) for every op loaded now."""
-    pairs = [
-        (_overload(ATTNRES_NAMESPACE, FORWARD_TORCH_OP), forward.make_converter),
-        (_overload(ATTNRES_NAMESPACE, BACKWARD_TORCH_OP), backward.make_converter),
-        (_overload(CANN_NAMESPACE, FORWARD_TORCH_OP), forward.make_cann_converter),
-        (_overload(CANN_NAMESPACE, BACKWARD_TORCH_OP), backward.make_cann_converter),
-    ]
+    pairs = [(_overload(NAMESPACE, op.name), op.converter.make_converter) for op in OPS]
+    pairs += [(_overload(CANN_NAMESPACE, op.name), op.converter.make_cann_converter) for op in OPS]
     return [(op, make) for op, make in pairs if op is not None]
 
 

@@ -26,7 +26,7 @@ import torch
 
 from attnres_ge.ge_plugin import ge_attr as attr
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, DataType, GraphDef, OpDef, TensorDescriptor
-from attnres_ge.op_proto import WHERE_PROTOTYPE, get_prototype
+from attnres_ge.op_proto import WHERE_PROTOTYPE
 from attnres_ge.op_proto.op_def import Checker, OpPrototype, TensorArg
 
 UNKNOWN_DIM = -1
@@ -226,8 +226,11 @@ def custom_op(
 
 
 def _lookup_prototype(op_type: str, checker: Checker) -> OpPrototype:
+    # Imported here: the registry imports the converters, which import this module.
+    from attnres_ge.ge_plugin.ops import op_for_type
+
     try:
-        return get_prototype(op_type)
+        return op_for_type(op_type).prototype
     except KeyError as error:
         checker.fail(f"unknown op type: {error.args[0]}")
 

@@ -2,7 +2,8 @@
 
 Compile (once per graph), per node in order:
     Data        -> graph input `index`, its output desc as declared
-    custom op   -> prototype by `type`; inputs bound by the prototype's names and order; attributes
+    custom op   -> the registry's op by `type` (ge_plugin/ops.py): its prototype; inputs bound by the
+                   prototype's names and order; attributes
                    read back from their AttrDef fields, defaults for absent ones;
                    InferDataType + InferShape (unknown dims stay -1) fill `output_desc`, checked
                    against what torch traced when that was recorded; TilingParse once per node
@@ -10,7 +11,7 @@ Compile (once per graph), per node in order:
 Run (every call), per custom-op node:
     inputs made contiguous -> the runtime's plan for the actual shapes (InferShape + Tiling,
     cached per signature, as eager) -> outputs and workspace from the node's BufferPool -> the
-    kernel, through the very `HostRuntime.run_kernel` the eager op uses.
+    kernel, through the very `HostRuntime.run_kernel` the eager op uses (op_kernel.launcher).
 A graph of one op fed by its Data nodes (what the backend builds) runs, where the ops' C++
 entry is built, through its GraphNode instead: the first call of each input signature is
 checked and planned here as above, the plan's launch record and buffers then kept in C++
@@ -34,13 +35,19 @@ import torch
 from google.protobuf import text_format
 
 from attnres_ge.ge_plugin import ge_attr
-from attnres_ge.ge_plugin.buffer_pool import BufferPool
 from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, CPP_ENTRY_PROTOTYPES, repeatable_launch
-from attnres_ge.op_host.runtime import HostRuntime, ShapePlan, default_runtime
+from attnres_ge.ge_plugin.ops import op_for_type
 from attnres_ge.op_host.tiling_base import CompileInfo
-from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta, get_prototype
+from attnres_ge.op_kernel import OpKernel
+from attnres_ge.op_kernel.buffer_pool import BufferPool
+from attnres_ge.op_kernel.launcher import HostRuntime, ShapePlan, default_runtime
+from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta
+
+try:  # the ops' C++ entry: a compiled node of one op runs its planned signatures without Python
+    from attnres_ge.ge_plugin._cpp_entry import GraphNode
+except ImportError:
+    GraphNode = None
 
 DATA, NET_OUTPUT = "Data", "NetOutput"
 
@@ -75,11 +82,15 @@ class CompiledOp:
     """A custom-op node after compile: everything a run needs but the tensors."""
 
     op_def: OpDef
-    prototype: OpPrototype
+    kernel: OpKernel
     attrs: dict
     sources: list[tuple[str, int] | None]  # producer of each prototype input, None when absent
     compile_info: CompileInfo
     buffers: BufferPool = field(default_factory=BufferPool)
+
+    @property
+    def prototype(self) -> OpPrototype:
+        return self.kernel.prototype
 
 
 class CompiledGraph:
@@ -115,7 +126,7 @@ class CompiledGraph:
         """For the C++ GraphNode: these inputs checked and planned as a run would; the repeatable launch."""
         op = self.ops[0]
         values = self._bind_data(inputs)
-        return repeatable_launch(self._plan(op, [values[source].contiguous() for source in op.sources]))
+        return self._plan(op, [values[source].contiguous() for source in op.sources]).repeatable_launch()
 
     def _bind_data(self, inputs: Sequence[torch.Tensor]) -> dict[tuple[str, int], torch.Tensor]:
         if len(inputs) != len(self.data_ops):
@@ -145,7 +156,7 @@ class CompiledGraph:
 
     def _plan(self, op: CompiledOp, tensors: Sequence[torch.Tensor]) -> ShapePlan:
         try:
-            return self.runtime.plan(op.prototype, tensors, op.attrs, WHERE_GRAPH)
+            return self.runtime.plan(op.kernel, tensors, op.attrs, WHERE_GRAPH)
         except AttnResInputError as error:
             raise _node_error(op.op_def, error) from None
 
@@ -188,7 +199,7 @@ def _cpp_graph_node(compiled: CompiledGraph):
     its outputs (what the backend's converters build); None for other graphs or without the entry.
     It runs a planned signature without Python, buffers reused by BufferPool's rule; it asks the
     graph to plan a new signature and runs the graph in Python when the Python kernels are active."""
-    if not CPP_ENTRY or len(compiled.ops) != 1 or compiled.ops[0].prototype not in CPP_ENTRY_PROTOTYPES:
+    if GraphNode is None or len(compiled.ops) != 1:
         return None
     op = compiled.ops[0]
     data_index = {data.name: index for index, (data, _) in compiled.data_ops.items()}
@@ -196,11 +207,8 @@ def _cpp_graph_node(compiled: CompiledGraph):
         return None
     if any(producer != op.op_def.name for producer, _ in compiled.results):
         return None
-    from attnres_ge.ge_plugin._cpp_entry import GraphNode
-
     graph = weakref.proxy(compiled)  # the node must not keep its graph alive: a cycle through C++ is never freed
     return GraphNode(
-        CPP_ENTRY_PROTOTYPES.index(op.prototype),
         [data_index[producer] for producer, _ in op.sources],
         [index for _, index in compiled.results],
         functools.partial(CompiledGraph.plan_single_op, graph),
@@ -248,9 +256,10 @@ def _compile_net_output(op: OpDef, descs: Mapping) -> list[tuple[str, int]]:
 
 def _compile_custom_op(runtime: HostRuntime, op: OpDef, descs: dict) -> CompiledOp:
     try:
-        prototype = get_prototype(op.type)
+        kernel = op_for_type(op.type).kernel
     except KeyError as error:
         raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): {error.args[0]}") from None
+    prototype = kernel.prototype
     sources, metas = _bind_inputs(op, prototype, descs)
     attrs = _bind_attrs(op, prototype)
     try:
@@ -260,7 +269,7 @@ def _compile_custom_op(runtime: HostRuntime, op: OpDef, descs: dict) -> Compiled
     _check_traced_outputs(op, prototype, outputs)
     for desc, name, meta in zip(op.output_desc, prototype.output_names(), outputs, strict=True):
         write_desc(desc, name, meta.dtype, meta.shape)
-    return CompiledOp(op, prototype, attrs, sources, runtime.compile_info(op.type))
+    return CompiledOp(op, kernel, attrs, sources, runtime.compile_info(kernel))
 
 
 def _bind_inputs(op: OpDef, prototype: OpPrototype, descs: Mapping):

@@ -1,9 +1,9 @@
 """On an Ascend NPU, route the torch ops to CANN's own fused kernels, first call of a process included.
 
 Active only when the user has already imported torch_npu and the package
-cann_ops_transformer (which carries CANN's eager-only torch ops) imports. The kernels forward
-arguments unchanged (CANN's forward names its attributes validBlockNum, normEps, needBackward;
-the positional order is the same).
+cann_ops_transformer (which carries CANN's eager-only torch ops, of the same names as ours) imports.
+The kernels forward arguments unchanged (CANN's forward names its attributes validBlockNum,
+normEps, needBackward; the positional order is the same).
 
 The first call on each device runs one small op there before CANN's: on CANN releases whose
 backward TilingParse reads the vector-core count before the runtime has filled the platform in,
@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 
 import torch
+
+from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, OPS
 
 _warmed_devices: set[torch.device] = set()
 _warm_lock = threading.Lock()
@@ -42,35 +44,26 @@ def warm_up_device(device: torch.device) -> None:
         _warmed_devices.add(device)
 
 
-def make_npu_kernels(cann_forward: Callable, cann_backward: Callable) -> tuple[Callable, Callable]:
-    """The NPU kernels of both torch ops: warm the device up once, then call CANN's op."""
+def make_npu_kernel(cann_op: Callable) -> Callable:
+    """An NPU kernel of a torch op: warm the device up once, then call CANN's op with the same arguments."""
 
-    def forward(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-1, norm_eps=1e-6,
-                need_backward=False):
-        warm_up_device(partial_block.device)
-        return cann_forward(partial_block, block_res, proj_weight, norm_weight, valid_block_num, norm_eps,
-                            need_backward)
+    def kernel(*args, **kwargs):
+        warm_up_device(args[0].device)
+        return cann_op(*args, **kwargs)
 
-    def backward(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs, *,
-                 valid_block_num=0):
-        warm_up_device(partial_block.device)
-        return cann_backward(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm,
-                             probs, valid_block_num=valid_block_num)
-
-    return forward, backward
+    return kernel
 
 
 def register_npu_kernels() -> bool:
-    """Register NPU kernels for both torch ops; False (and nothing done) off Ascend."""
+    """Register an NPU kernel for every op of the registry; False (and nothing done) off Ascend."""
     if "torch_npu" not in sys.modules:
         return False
     try:
-        importlib.import_module("cann_ops_transformer")
-        cann = torch.ops.cann_ops_transformer
-        cann_forward, cann_backward = cann.block_attention_residuals, cann.block_attention_residuals_backward
+        importlib.import_module(CANN_NAMESPACE)
+        cann = getattr(torch.ops, CANN_NAMESPACE)
+        cann_ops = {op.name: getattr(cann, op.name) for op in OPS}
     except (ImportError, AttributeError, RuntimeError):
         return False
-    forward, backward = make_npu_kernels(cann_forward, cann_backward)
-    torch.library.register_kernel("attnres::block_attention_residuals", "npu", forward)
-    torch.library.register_kernel("attnres::block_attention_residuals_backward", "npu", backward)
+    for name, cann_op in cann_ops.items():
+        torch.library.register_kernel(f"{NAMESPACE}::{name}", "npu", make_npu_kernel(cann_op))
     return True

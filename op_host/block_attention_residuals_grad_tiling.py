@@ -10,6 +10,7 @@ tokens at a time, cutting hidden into tiles when one token's rows do not fit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from attnres_ge.op_host.platform import PlatformInfo
 from attnres_ge.op_host.tiling_base import (
     DTYPE_BYTES,
     CompileInfo,
+    OpTiling,
     TilingRecord,
     TilingResult,
     plan_hidden,
@@ -27,7 +29,7 @@ from attnres_ge.op_host.tiling_base import (
     tiling_key,
     tiling_parse,
 )
-from attnres_ge.op_proto import BACKWARD
+from attnres_ge.op_proto import BACKWARD, TensorMeta
 
 OP_TYPE = BACKWARD.op_type
 FLOAT32_BYTES = 4
@@ -50,6 +52,16 @@ class BackwardTilingData(TilingRecord):
     h_tile: int
     h_tile_num: int
     h_last_tile: int
+
+    def tensor_sizes(self, dtype: torch.dtype) -> tuple[tuple[torch.dtype, int], ...]:
+        """(dtype, element count) of each tensor a launch takes, inputs then outputs in prototype order."""
+        row, stats = self.tokens * self.hidden, self.tokens * self.rows
+        values = ((dtype, row), (dtype, row * self.blocks), (dtype, self.hidden), (dtype, self.hidden))
+        return (*values, (dtype, row), (torch.float32, stats), (torch.float32, stats), *values)
+
+    def workspace_bytes(self) -> int:
+        """The chunk rows: [chunk_num, H] float32."""
+        return self.chunk_num * self.hidden * FLOAT32_BYTES
 
 
 def parse(platform: PlatformInfo | None) -> CompileInfo:
@@ -97,4 +109,14 @@ def tiling(
         h_tile_num=plan.h_tile_num,
         h_last_tile=plan.h_last_tile,
     )
-    return TilingResult(tiling_key(plan.mode, dtype), used, data, workspace_size=chunk_num * hidden * FLOAT32_BYTES)
+    return TilingResult(tiling_key(plan.mode, dtype), used, data, data.workspace_bytes())
+
+
+def tiling_for_inputs(compile_info: CompileInfo, inputs: Mapping[str, TensorMeta], attrs: Mapping,
+                      platform: PlatformInfo) -> TilingResult:
+    """Tiling from the prototype's input metas and bound attributes (what the launcher calls)."""
+    tokens, blocks, hidden = inputs["block_res"].shape
+    return tiling(compile_info, tokens, blocks, hidden, inputs["partial_block"].dtype, platform)
+
+
+TILING = OpTiling(BACKWARD, BackwardTilingData, parse, tiling_for_inputs)

@@ -10,6 +10,7 @@ the weighted sum.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from attnres_ge.op_host.platform import HOST_SOC, PlatformInfo
 from attnres_ge.op_host.tiling_base import (
     DTYPE_BYTES,
     CompileInfo,
+    OpTiling,
     TilingRecord,
     TilingResult,
     as_float32,
@@ -28,7 +30,7 @@ from attnres_ge.op_host.tiling_base import (
     tiling_key,
     tiling_parse,
 )
-from attnres_ge.op_proto import FORWARD
+from attnres_ge.op_proto import FORWARD, TensorMeta
 
 OP_TYPE = FORWARD.op_type
 FLOAT32_BYTES = 4
@@ -56,6 +58,15 @@ class ForwardTilingData(TilingRecord):
     h_last_tile: int
     need_backward: int
     norm_eps: float
+
+    def tensor_sizes(self, dtype: torch.dtype) -> tuple[tuple[torch.dtype, int], ...]:
+        """(dtype, element count) of each tensor a launch takes, inputs then outputs in prototype order."""
+        row, stats = self.tokens * self.hidden, self.tokens * self.rows if self.need_backward else 0
+        return ((dtype, row), (dtype, row * self.blocks), (dtype, self.hidden), (dtype, self.hidden),
+                (dtype, row), (torch.float32, stats), (torch.float32, stats))
+
+    def workspace_bytes(self) -> int:
+        return 0
 
 
 def parse(platform: PlatformInfo | None) -> CompileInfo:
@@ -103,4 +114,15 @@ def tiling(
         need_backward=int(need_backward),
         norm_eps=as_float32(norm_eps),  # eager and graph (float32 attribute) see the same epsilon
     )
-    return TilingResult(tiling_key(plan.mode, dtype), used, data, workspace_size=0)
+    return TilingResult(tiling_key(plan.mode, dtype), used, data, data.workspace_bytes())
+
+
+def tiling_for_inputs(compile_info: CompileInfo, inputs: Mapping[str, TensorMeta], attrs: Mapping,
+                      platform: PlatformInfo) -> TilingResult:
+    """Tiling from the prototype's input metas and bound attributes (what the launcher calls)."""
+    tokens, blocks, hidden = inputs["block_res"].shape
+    return tiling(compile_info, tokens, blocks, hidden, inputs["partial_block"].dtype, attrs["norm_eps"],
+                  attrs["need_backward"], platform)
+
+
+TILING = OpTiling(FORWARD, ForwardTilingData, parse, tiling_for_inputs)

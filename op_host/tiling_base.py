@@ -17,11 +17,13 @@ import os
 import struct
 import threading
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from attnres_ge.op_host.platform import KIB, PlatformInfo
+from attnres_ge.op_proto import OpPrototype, TensorMeta
 
 # Sums over the hidden dimension run in LANES independent accumulators (one
 # SIMD register), combined by a fixed tree at the end; hidden tiles are whole
@@ -85,12 +87,26 @@ def tiling_parse(op_type: str, platform: PlatformInfo | None) -> CompileInfo:
 
 @dataclass(frozen=True)
 class TilingRecord:
-    """A flat record with a stable little-endian layout: int fields int64, float fields float32."""
+    """A flat record with a stable little-endian layout: int fields int64, float fields float32.
+
+    `to_bytes()` is what the native kernels receive: they read it as the op's C++ record struct
+    (op_kernel/csrc/<op>_launch.h), whose field names, offsets and sizes op_kernel.native compares
+    with `field_layout()` before the first launch record of each op is made."""
 
     @classmethod
     def layout(cls) -> str:
         codes = {"int": "q", "float": "f"}
         return "<" + "".join(codes[str(field.type)] for field in dataclasses.fields(cls))
+
+    @classmethod
+    def field_layout(cls) -> tuple[int, tuple[tuple[str, int, int], ...]]:
+        """(bytes of to_bytes(), ((field, offset, size), ...)) in field order."""
+        fields, offset = [], 0
+        for field, code in zip(dataclasses.fields(cls), cls.layout()[1:], strict=True):
+            size = struct.calcsize("<" + code)
+            fields.append((field.name, offset, size))
+            offset += size
+        return offset, tuple(fields)
 
     def to_bytes(self) -> bytes:
         return struct.pack(self.layout(), *dataclasses.astuple(self))
@@ -118,6 +134,21 @@ class TilingResult:
             lines.append(f"  {field.name:<20} {shown}")
         lines.append(f"tiling data    {self.data.to_bytes().hex()}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class OpTiling:
+    """One op's host side, as the launcher and the local GE use it: the prototype, the tiling record
+    type (what the kernels read), TilingParse, and Tiling from the input metas and bound attributes."""
+
+    prototype: OpPrototype
+    record: type[TilingRecord]
+    parse: Callable[[PlatformInfo | None], CompileInfo]
+    tiling: Callable[[CompileInfo, Mapping[str, TensorMeta], Mapping, PlatformInfo], TilingResult]
+
+    @property
+    def op_type(self) -> str:
+        return self.prototype.op_type
 
 
 _warned: set[tuple[str, str]] = set()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
+from attnres_ge.op_host.block_attention_residuals_tiling import TILING, ForwardTilingData
 from attnres_ge.op_kernel.kernel_common import core_range, hidden_tiles, sequential_sum, softmax_rows, value_rows
+from attnres_ge.op_kernel.kernel_spec import OpKernel
 
 
 def block_attention_residuals_kernel(
@@ -50,3 +51,6 @@ def _scores(partial_block, block_res, score_weight, eps, t0, t1, tiling):
         dots = sequential_sum(values * score_weight[h0:h1], dim=-1, start=dots)
     inv = 1.0 / torch.sqrt(squares / tiling.hidden + eps)  # float64 into the scores, like the native kernel
     return inv.float(), softmax_rows(inv * dots).float()
+
+
+KERNEL = OpKernel(TILING, block_attention_residuals_kernel)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.op_host.block_attention_residuals_grad_tiling import BackwardTilingData
+from attnres_ge.op_host.block_attention_residuals_grad_tiling import TILING, BackwardTilingData
 from attnres_ge.op_kernel.kernel_common import core_range, hidden_tiles, sequential_sum, value_rows
+from attnres_ge.op_kernel.kernel_spec import OpKernel
 
 
 def block_attention_residuals_grad_kernel(
@@ -76,3 +77,6 @@ def _row_coefficients(tensors, inv_norm, probs, t0, t1, tiling):
     a = gs * r
     c = gs * wv * r * r * r / tiling.hidden
     return a.unsqueeze(-1), c.unsqueeze(-1), p.unsqueeze(-1)
+
+
+KERNEL = OpKernel(TILING, block_attention_residuals_grad_kernel)

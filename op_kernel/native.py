@@ -1,19 +1,20 @@
-"""The native (C++) kernels, with the same signatures as the Python kernels.
+"""The native (C++) kernels: launch records and the checked kernels, for every op alike.
 
 `_native` is the extension built at install time from op_kernel/csrc (see setup.py);
-importing this module raises ImportError when it was not built. A tiling record becomes
-a launch record in C++ (`forward_record`/`backward_record`), which checks that it covers
-the tokens and the hidden size exactly, since the kernel walks it. The wrappers check
-every tensor against the tiling record (CPU, dtype, contiguity, element count) and hand
-the launch record and data pointers to the kernel. The host runtime launches through
-`ForwardLaunch`/`BackwardLaunch` instead: made once per plan, for tensors the plan
-already guarantees, they skip the per-tensor checks.
+importing this module raises ImportError when it was not built, or when it was built from
+other sources than this Python (its constants or record layouts disagree: rebuild).
+
+A tiling record's `to_bytes()` becomes a launch record in C++ (`LaunchRecord`), which checks
+that it covers the tokens and the hidden size exactly, since the kernel walks it. `Launch` is
+what the launcher calls, once made per plan, for tensors the plan already guarantees to match;
+`checked_kernel(kernel)` has the Python kernels' signature and checks every tensor against the
+tiling record first (tests and tools call kernels that way).
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
 (8 MiB; 4-byte outputs only in the backward), which would leave the caches before anyone
-read them anyway (docs/kernels.md, performance notes). ATTNRES_GE_STREAM_MIN_BYTES=N
-changes the threshold; a huge N turns them off.
+read them anyway (docs/kernels.md). ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold;
+a huge N turns them off.
 
 The kernels are compiled for several instruction sets and run on the fastest the CPU has
 (`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import
@@ -24,18 +25,30 @@ gives the same bits. A call runs on at most torch.get_num_threads() threads.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Sequence
 
 import torch
 
-from attnres_ge.op_host.block_attention_residuals_grad_tiling import BackwardTilingData
-from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
+from attnres_ge.op_host.tiling_base import DTYPE_CODES, LANES, TilingRecord
 from attnres_ge.op_kernel import _native
+from attnres_ge.op_kernel.kernel_spec import OpKernel
 
 STREAM_ENV = "ATTNRES_GE_STREAM_MIN_BYTES"
 STREAM_MIN_BYTES = int(os.environ.get(STREAM_ENV, 8 << 20))
 ISA_ENV = "ATTNRES_GE_ISA"
-KERNEL_TABLE = _native.KERNEL_TABLE  # the kernels, for the torch ops' C++ entry (ge_plugin/csrc)
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # attnres::DType
+REBUILD_HINT = "rebuild it: pip install --no-build-isolation -e ."
+
+
+def _check_shared_constants() -> None:
+    """The constants both languages use must agree: a stale build of _native must not run."""
+    native_codes = {getattr(torch, name): code for name, code in _native.DTYPE_CODES.items()}
+    if _native.LANES != LANES or native_codes != DTYPE_CODES:
+        raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {_native.LANES}, "
+                          f"dtype codes {_native.DTYPE_CODES}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
+
+
+_check_shared_constants()
 
 
 def isa_path() -> str:
@@ -75,142 +88,90 @@ def _select_isa_from_environment() -> None:
 
 _select_isa_from_environment()
 
-
-def _address(tensor: torch.Tensor, name: str, dtype: torch.dtype, numel: int) -> int:
-    """The data address of `tensor` once it is a contiguous CPU tensor of `numel` `dtype` elements."""
-    if tensor.device.type != "cpu" or tensor.dtype != dtype or not tensor.is_contiguous() or tensor.numel() != numel:
-        raise ValueError(
-            f"native kernel: {name} must be a contiguous CPU {dtype} tensor of {numel} elements, got "
-            f"{tensor.dtype} {list(tensor.shape)} on {tensor.device}"
-            + ("" if tensor.is_contiguous() else " (not contiguous)")
-        )
-    return tensor.data_ptr()
+_checked_records: set[tuple[str, type]] = set()
+_checked_lock = threading.Lock()
 
 
-def _dtype_code(dtype: torch.dtype) -> int:
+def _check_record_layout(op_type: str, record_type: type[TilingRecord]) -> None:
+    """The C++ record struct of `op_type` must be `record_type.to_bytes()` field for field."""
+    with _checked_lock:
+        if (op_type, record_type) in _checked_records:
+            return
+    native = _native.record_layouts().get(op_type)
+    if native is None:
+        raise RuntimeError(f"{op_type} native kernel: the native module has no such op; {REBUILD_HINT}")
+    if tuple(native[1]) != record_type.field_layout()[1] or native[0] != record_type.field_layout()[0]:
+        raise RuntimeError(f"{op_type} native kernel: the C++ tiling record {native} does not match "
+                           f"{record_type.__name__} {record_type.field_layout()}; {REBUILD_HINT}")
+    with _checked_lock:
+        _checked_records.add((op_type, record_type))
+
+
+def _dtype_code(op_type: str, dtype: torch.dtype) -> int:
     try:
         return DTYPE_CODES[dtype]
     except KeyError:
-        raise ValueError(f"native kernel: dtype must be float32, float16 or bfloat16, got {dtype}") from None
+        raise ValueError(f"{op_type} native kernel: dtype must be float32, float16 or bfloat16, got {dtype}") from None
 
 
-def forward_record(tiling: ForwardTilingData, dtype: torch.dtype) -> object:
-    """The launch record (_native checks that it tiles the tokens and H exactly) of a forward tiling."""
-    stream = tiling.tokens * tiling.hidden * dtype.itemsize >= STREAM_MIN_BYTES
-    return _native.forward_record(
-        _dtype_code(dtype), tiling.tokens, tiling.blocks, tiling.hidden,
-        tiling.used_core_num, tiling.former_core_num, tiling.former_core_tokens, tiling.tail_core_tokens,
-        tiling.tokens_per_loop, tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-        tiling.norm_eps, stream)  # fmt: skip
+def launch_record(op_type: str, tiling: TilingRecord, dtype: torch.dtype) -> object:
+    """The launch record (a capsule; _native checks that it tiles the tokens and H exactly) of a tiling."""
+    _check_record_layout(op_type, type(tiling))
+    return _native.make_launch(op_type, _dtype_code(op_type, dtype), tiling.to_bytes(), STREAM_MIN_BYTES)
 
 
-def backward_record(tiling: BackwardTilingData, dtype: torch.dtype) -> object:
-    """The launch record (checked likewise) of a backward tiling."""
-    output_bytes = (tiling.blocks + 1) * tiling.tokens * tiling.hidden * dtype.itemsize
-    stream = dtype.itemsize == 4 and output_bytes >= STREAM_MIN_BYTES
-    return _native.backward_record(
-        _dtype_code(dtype), tiling.tokens, tiling.blocks, tiling.hidden,
-        tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
-        tiling.chunk_tokens, tiling.chunk_num, tiling.tokens_per_loop,
-        tiling.h_tile, tiling.h_tile_num, tiling.h_last_tile,
-        stream)  # fmt: skip
+def _address(tensor: torch.Tensor) -> int:
+    """A tensor's data address; 0 for an empty one (the forward's statistics when not kept)."""
+    return tensor.data_ptr() if tensor.numel() else 0
 
 
-def _check_workspace(workspace: torch.Tensor, tiling: BackwardTilingData) -> int:
-    chunk_bytes = tiling.chunk_num * tiling.hidden * 4
-    if (workspace.device.type != "cpu" or not workspace.is_contiguous() or workspace.nbytes < chunk_bytes
-            or workspace.data_ptr() % 4):
-        raise ValueError(f"native kernel: the workspace must be a contiguous, 4-byte aligned CPU buffer of at least "
-                         f"{chunk_bytes} bytes, got {workspace.nbytes} bytes on {workspace.device}")
-    return workspace.data_ptr()
+class Launch:
+    """`launch(inputs, outputs, workspace)` of one op for one tiling record and dtype, for tensors that
+    match them (contiguous, of the record's sizes); nothing is checked per call."""
+
+    def __init__(self, op_type: str, tiling: TilingRecord, dtype: torch.dtype):
+        self.record = launch_record(op_type, tiling, dtype)  # also what the torch ops' C++ entry caches
+
+    def __call__(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], workspace: torch.Tensor):
+        _native.launch(self.record, [tensor.data_ptr() for tensor in inputs], [_address(t) for t in outputs],
+                       _address(workspace), torch.get_num_threads())
 
 
-def block_attention_residuals_native(
-    partial_block: torch.Tensor,  # [T, H]
-    block_res: torch.Tensor,  # [T, N, H]
-    proj_weight: torch.Tensor,  # [1, H] or [H]
-    norm_weight: torch.Tensor,  # [H]
-    hidden_states: torch.Tensor,  # [T, H] out, dtype of partial_block
-    inv_norm: torch.Tensor,  # [T, N+1] float32 out when need_backward, else [0]
-    probs: torch.Tensor,  # [T, N+1] float32 out when need_backward, else [0]
-    workspace: torch.Tensor,  # unused by the forward
-    tiling: ForwardTilingData,
-) -> None:
-    tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
-    dtype, stats = partial_block.dtype, tokens * (blocks + 1)
-    _native.forward(
-        forward_record(tiling, dtype),
-        _address(partial_block, "partial_block", dtype, tokens * hidden),
-        _address(block_res, "block_res", dtype, tokens * blocks * hidden),
-        _address(proj_weight, "proj_weight", dtype, hidden),
-        _address(norm_weight, "norm_weight", dtype, hidden),
-        _address(hidden_states, "hidden_states", dtype, tokens * hidden),
-        _address(inv_norm, "inv_norm", torch.float32, stats) if tiling.need_backward else 0,
-        _address(probs, "probs", torch.float32, stats) if tiling.need_backward else 0,
-        torch.get_num_threads(),
-    )
+def _check_tensor(op_type: str, name: str, tensor: torch.Tensor, dtype: torch.dtype, numel: int) -> None:
+    if (not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or tensor.dtype != dtype
+            or not tensor.is_contiguous() or tensor.numel() != numel):
+        got = (f"{tensor.dtype} {list(tensor.shape)} on {tensor.device}" + ("" if tensor.is_contiguous() else
+               " (not contiguous)")) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"{op_type} native kernel: {name} must be a contiguous CPU {dtype} tensor of {numel} "
+                         f"elements, got {got}")
 
 
-def block_attention_residuals_grad_native(
-    partial_block: torch.Tensor,  # [T, H]
-    block_res: torch.Tensor,  # [T, N, H]
-    proj_weight: torch.Tensor,  # [1, H]
-    norm_weight: torch.Tensor,  # [H]
-    grad_hidden_states: torch.Tensor,  # [T, H]
-    inv_norm: torch.Tensor,  # [T, N+1] float32
-    probs: torch.Tensor,  # [T, N+1] float32
-    grad_partial_block: torch.Tensor,  # [T, H] out
-    grad_block_res: torch.Tensor,  # [T, N, H] out
-    grad_proj_weight: torch.Tensor,  # [1, H] out
-    grad_norm_weight: torch.Tensor,  # [H] out
-    workspace: torch.Tensor,  # uint8, >= chunk_num * H * 4 bytes: chunk rows [chunk_num, H] float32
-    tiling: BackwardTilingData,
-) -> None:
-    tokens, blocks, hidden = tiling.tokens, tiling.blocks, tiling.hidden
-    dtype, stats = partial_block.dtype, tokens * (blocks + 1)
-    _native.backward(
-        backward_record(tiling, dtype),
-        _address(partial_block, "partial_block", dtype, tokens * hidden),
-        _address(block_res, "block_res", dtype, tokens * blocks * hidden),
-        _address(proj_weight, "proj_weight", dtype, hidden),
-        _address(norm_weight, "norm_weight", dtype, hidden),
-        _address(grad_hidden_states, "grad_hidden_states", dtype, tokens * hidden),
-        _address(inv_norm, "inv_norm", torch.float32, stats),
-        _address(probs, "probs", torch.float32, stats),
-        _address(grad_partial_block, "grad_partial_block", dtype, tokens * hidden),
-        _address(grad_block_res, "grad_block_res", dtype, tokens * blocks * hidden),
-        _address(grad_proj_weight, "grad_proj_weight", dtype, hidden),
-        _address(grad_norm_weight, "grad_norm_weight", dtype, hidden),
-        _check_workspace(workspace, tiling),
-        torch.get_num_threads(),
-    )
+def _check_workspace(op_type: str, workspace: torch.Tensor, size: int) -> None:
+    if size and (workspace.device.type != "cpu" or not workspace.is_contiguous() or workspace.nbytes < size
+                 or workspace.data_ptr() % 4):
+        raise ValueError(f"{op_type} native kernel: the workspace must be a contiguous, 4-byte aligned CPU buffer "
+                         f"of at least {size} bytes, got {workspace.nbytes} bytes on {workspace.device}")
 
 
-# Launches for tensors that already match a tiling record (see KERNELS.launch in op_kernel): the
-# launch record is made (and checked) once per plan and no tensor is checked per call.
+def checked_kernel(kernel: OpKernel) -> Callable[..., None]:
+    """The native kernel of `kernel`'s op with the Python kernel's signature (`*inputs, *outputs,
+    workspace, tiling`), checking every tensor against the tiling record before it runs."""
+    prototype = kernel.prototype
+    names = [*prototype.input_names(), *prototype.output_names()]
 
+    def run(*args) -> None:
+        *tensors, workspace, tiling = args
+        dtype = tensors[0].dtype
+        sizes = tiling.tensor_sizes(dtype)
+        if len(tensors) != len(sizes):
+            raise TypeError(f"{prototype.op_type} native kernel: takes {len(sizes)} tensors, a workspace and a "
+                            f"tiling record, got {len(tensors)} tensors")
+        for name, tensor, (want_dtype, numel) in zip(names, tensors, sizes, strict=True):
+            _check_tensor(prototype.op_type, name, tensor, want_dtype, numel)
+        _check_workspace(prototype.op_type, workspace, tiling.workspace_bytes())
+        count = len(prototype.inputs)
+        Launch(prototype.op_type, tiling, dtype)(tensors[:count], tensors[count:], workspace)
 
-class ForwardLaunch:
-    """`launch(inputs, outputs, workspace)` of the forward for one tiling record and dtype."""
-
-    def __init__(self, tiling: ForwardTilingData, dtype: torch.dtype):
-        self.record = forward_record(tiling, dtype)  # also what the torch ops' C++ entry caches
-        self._keep_stats = bool(tiling.need_backward)
-
-    def __call__(self, inputs, outputs, workspace) -> None:
-        hidden_states, inv_norm, probs = outputs
-        keep_stats = self._keep_stats
-        _native.forward(self.record, *[tensor.data_ptr() for tensor in inputs], hidden_states.data_ptr(),
-                        inv_norm.data_ptr() if keep_stats else 0, probs.data_ptr() if keep_stats else 0,
-                        torch.get_num_threads())
-
-
-class BackwardLaunch:
-    """`launch(inputs, outputs, workspace)` of the backward for one tiling record and dtype."""
-
-    def __init__(self, tiling: BackwardTilingData, dtype: torch.dtype):
-        self.record = backward_record(tiling, dtype)
-
-    def __call__(self, inputs, outputs, workspace) -> None:
-        _native.backward(self.record, *[tensor.data_ptr() for tensor in (*inputs, *outputs, workspace)],
-                         torch.get_num_threads())
+    run.__name__ = run.__qualname__ = f"{prototype.op_type}_native"
+    run.__module__ = __name__
+    return run

@@ -1,4 +1,4 @@
-"""GE op prototypes for Block AttnRes, looked up by op type."""
+"""GE op prototypes for Block AttnRes (the op registry, ge_plugin/ops.py, lists them with the rest of each op)."""
 
 from attnres_ge.op_proto.block_attention_residuals import PROTOTYPE as FORWARD
 from attnres_ge.op_proto.block_attention_residuals_grad import PROTOTYPE as BACKWARD
@@ -14,22 +14,10 @@ from attnres_ge.op_proto.op_def import (
     TensorMeta,
 )
 
-PROTOTYPES: dict[str, OpPrototype] = {proto.op_type: proto for proto in (FORWARD, BACKWARD)}
-
-
-def get_prototype(op_type: str) -> OpPrototype:
-    """The prototype registered for `op_type`; KeyError names the known types."""
-    try:
-        return PROTOTYPES[op_type]
-    except KeyError:
-        raise KeyError(f"no prototype registered for op type {op_type!r}; known: {sorted(PROTOTYPES)}") from None
-
-
 __all__ = [
     "BACKWARD",
     "FLOAT_DTYPES",
     "FORWARD",
-    "PROTOTYPES",
     "UNKNOWN_DIM",
     "WHERE_EAGER",
     "WHERE_FAKE",
@@ -38,5 +26,4 @@ __all__ = [
     "AttnResInputError",
     "OpPrototype",
     "TensorMeta",
-    "get_prototype",
 ]

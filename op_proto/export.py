@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from attnres_ge.op_proto import PROTOTYPES
 from attnres_ge.op_proto.op_def import OpPrototype, TensorArg
 
 GE_DTYPES = {torch.float16: "DT_FLOAT16", torch.bfloat16: "DT_BF16", torch.float32: "DT_FLOAT"}
@@ -97,11 +97,10 @@ def msopgen_op(proto: OpPrototype) -> dict:
     }
 
 
-def export_prototypes(out_dir: str | Path) -> list[Path]:
-    """Write one REG_OP header per registered op, then the msopgen JSON; return their paths in that order."""
+def export_prototypes(prototypes: Sequence[OpPrototype], out_dir: str | Path) -> list[Path]:
+    """Write one REG_OP header per prototype, then the msopgen JSON; return their paths in that order."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prototypes = list(PROTOTYPES.values())
     paths = []
     for proto in prototypes:
         header = out / proto_header_name(proto.op_type)

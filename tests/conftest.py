@@ -10,9 +10,13 @@ import torch
 
 from attnres_ge import block_attention_residuals_reference
 from attnres_ge.ge_plugin.op_common import forget_cached_launches
-from attnres_ge.op_host import runtime as runtime_module
 from attnres_ge.op_host.platform import HOST_SOC, KIB, PlatformInfo, PlatformProfile
+from attnres_ge.op_kernel import launcher as runtime_module
+from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
+from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
 from attnres_ge.op_kernel.reference import max_violation
+
+KERNELS_BY_TYPE = {kernel.op_type: kernel for kernel in (FORWARD_KERNEL, BACKWARD_KERNEL)}
 
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 WEIGHT_GRADS = ("grad_proj_weight", "grad_norm_weight")

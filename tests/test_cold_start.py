@@ -13,14 +13,14 @@ from conftest import make_inputs
 
 import attnres_ge
 from attnres_ge.ge_plugin.op_common import forget_cached_launches
-from attnres_ge.op_host import runtime as runtime_module
+from attnres_ge.op_kernel import launcher as runtime_module
 
 FIRST_CALL = textwrap.dedent(
     """
     import warnings
     warnings.simplefilter("error")  # a platform fallback would be a warning: make it fail
     import torch, attnres_ge
-    from attnres_ge.op_host.runtime import default_runtime
+    from attnres_ge.op_kernel.launcher import default_runtime
     T, N, H = {shape}
     assert not default_runtime().platform.filled, "the process platform must start empty"
     g = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ from conftest import assert_bitwise_equal, make_inputs
 import attnres_ge
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import op_common
-from attnres_ge.op_host import host_memory
+from attnres_ge.op_kernel import host_memory
 
 pytestmark = pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
 

@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 import attnres_ge
 from attnres_ge.ge_plugin import ge_ir
-from attnres_ge.op_host.runtime import HostRuntime
+from attnres_ge.op_kernel.launcher import HostRuntime
 
 T, N, H = 6, 3, 16
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]

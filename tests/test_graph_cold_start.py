@@ -16,7 +16,7 @@ GRAPH_FIRST = textwrap.dedent(
     import torch, attnres_ge
     from attnres_ge.op_host.tiling_base import PlatformFallbackWarning
     warnings.simplefilter("error", PlatformFallbackWarning)  # a platform fallback must fail the run
-    from attnres_ge.op_host.runtime import default_runtime
+    from attnres_ge.op_kernel.launcher import default_runtime
 
     assert not default_runtime().platform.filled, "the process platform must start empty"
     shapes = {shapes}

@@ -19,9 +19,9 @@ from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_blo
 from attnres_ge.ge_plugin.block_attention_residuals_grad_converter import convert_block_attention_residuals_backward
 from attnres_ge.ge_plugin.local_ge import GraphCompileError, GraphRunError, compile_graph
 from attnres_ge.ge_plugin.op_common import CPP_ENTRY
-from attnres_ge.op_host import runtime as runtime_module
+from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo
-from attnres_ge.op_host.runtime import HostRuntime
+from attnres_ge.op_kernel.launcher import HostRuntime
 from attnres_ge.op_proto import AttnResInputError
 
 F32 = torch.float32
@@ -207,13 +207,13 @@ class CountingRuntime(HostRuntime):
         self.parses = 0
         self.tilings = 0
 
-    def compile_info(self, op_type):
+    def compile_info(self, op):
         self.parses += 1
-        return super().compile_info(op_type)
+        return super().compile_info(op)
 
-    def tiling(self, op_type, inputs, attrs):
+    def tiling(self, op, inputs, attrs):
         self.tilings += 1
-        return super().tiling(op_type, inputs, attrs)
+        return super().tiling(op, inputs, attrs)
 
 
 def _two_node_graph():
@@ -227,9 +227,9 @@ def _two_node_graph():
 
 def test_tiling_parse_once_per_node_and_tiling_once_per_shape(monkeypatch):
     parse_runs = []
-    parse = runtime_module.PARSERS["BlockAttentionResiduals"]
-    monkeypatch.setitem(runtime_module.PARSERS, "BlockAttentionResiduals",
-                        lambda platform: parse_runs.append(platform) or parse(platform))
+    parse = forward_tiling.tiling_parse  # what the forward's TilingParse runs
+    monkeypatch.setattr(forward_tiling, "tiling_parse",
+                        lambda op_type, platform: parse_runs.append(platform) or parse(op_type, platform))
     runtime = CountingRuntime(PlatformInfo(SOME_HOST))
     compiled = compile_graph(_two_node_graph(), runtime)
     assert runtime.parses == 2  # each node took its TilingParse result at compile

@@ -10,8 +10,8 @@ import torch
 from conftest import make_inputs
 from test_buffer_reuse import HOLDERS, keep_view
 
-from attnres_ge.op_host import host_memory
-from attnres_ge.op_host.host_memory import HUGE_PAGE, HugePagePool
+from attnres_ge.op_kernel import host_memory
+from attnres_ge.op_kernel.host_memory import HUGE_PAGE, HugePagePool
 
 SHAPE = (1024, 1024, 2)  # 8 MiB of float32
 

@@ -12,15 +12,15 @@ import sys
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, make_inputs
+from conftest import KERNELS_BY_TYPE, assert_bitwise_equal, make_inputs
 
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
-from attnres_ge.op_kernel import get_kernels
+from attnres_ge.op_kernel import kernel
 
 native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
-NATIVE = get_kernels("native")
+NATIVE = {op_type: kernel(op, "native") for op_type, op in KERNELS_BY_TYPE.items()}
 FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
 BACKWARD_NAMES = ("grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, make_inputs
+from conftest import BACKWARD_KERNEL, FORWARD_KERNEL, assert_bitwise_equal, make_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +27,7 @@ def run_forward(inputs, cores, ub_size):
     plat = platform(cores, ub_size)
     result = forward_tiling.tiling(forward_tiling.parse(plat), tokens, count, hidden, partial.dtype, 1e-6, True, plat)
     outputs = (torch.empty_like(partial), torch.empty(tokens, count + 1), torch.empty(tokens, count + 1))
-    KERNELS["BlockAttentionResiduals"](*inputs, *outputs, torch.empty(0, dtype=torch.uint8), result.data)
+    KERNELS.kernel(FORWARD_KERNEL)(*inputs, *outputs, torch.empty(0, dtype=torch.uint8), result.data)
     return outputs, result
 
 
@@ -38,7 +38,7 @@ def run_backward(inputs, stats, grad_hidden, cores, ub_size):
     result = grad_tiling.tiling(grad_tiling.parse(plat), tokens, count, hidden, partial.dtype, plat)
     outputs = tuple(torch.empty_like(t) for t in (partial, blocks, proj, norm))
     workspace = torch.empty(result.workspace_size, dtype=torch.uint8)
-    KERNELS["BlockAttentionResidualsGrad"](*inputs, grad_hidden, *stats, *outputs, workspace, result.data)
+    KERNELS.kernel(BACKWARD_KERNEL)(*inputs, grad_hidden, *stats, *outputs, workspace, result.data)
     return outputs, result
 
 

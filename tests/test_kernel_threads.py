@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, make_inputs
+from conftest import FORWARD_KERNEL, assert_bitwise_equal, make_inputs
 
 from attnres_ge.ge_plugin import op_common
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
-from attnres_ge.op_kernel import get_kernels
+from attnres_ge.op_kernel import kernel
 
 native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
 FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
@@ -38,7 +38,7 @@ def forward_on(inputs, cores):
                                    platform)
     assert result.data.used_core_num == cores
     outputs = (torch.empty_like(partial), torch.empty(tokens, count + 1), torch.empty(tokens, count + 1))
-    get_kernels("native")["BlockAttentionResiduals"](*inputs, *outputs, torch.empty(0, dtype=torch.uint8),
+    kernel(FORWARD_KERNEL, "native")(*inputs, *outputs, torch.empty(0, dtype=torch.uint8),
                                                       result.data)
     return outputs
 
@@ -57,14 +57,14 @@ def test_a_call_uses_at_most_torchs_thread_count_with_the_same_bits(threads, res
 
 @pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
 def test_the_cpp_entry_passes_torchs_thread_count(restore_threads, monkeypatch):
-    from attnres_ge.op_host.runtime import default_runtime
+    from attnres_ge.op_kernel.launcher import default_runtime
     from attnres_ge.op_proto import FORWARD, TensorMeta
 
     op = torch.ops.attnres.block_attention_residuals.default
     inputs = make_inputs(512, 3, 96, seed=2)
     metas = {"partial_block": TensorMeta((512, 96), torch.float32),
              "block_res": TensorMeta((512, 3, 96), torch.float32)}
-    tasks = default_runtime().tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True})).data
+    tasks = default_runtime().tiling(FORWARD_KERNEL, metas, FORWARD.bind_attrs({"need_backward": True})).data
     python_entry_calls = []
     launch = op_common._launch
     monkeypatch.setattr(op_common, "_launch", lambda *args: python_entry_calls.append(1) or launch(*args))

@@ -13,7 +13,15 @@ import warnings
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, assert_bitwise_equal, assert_close_to_reference, make_inputs, reference_with_grads
+from conftest import (
+    BACKWARD_KERNEL,
+    DTYPE_IDS,
+    FORWARD_KERNEL,
+    assert_bitwise_equal,
+    assert_close_to_reference,
+    make_inputs,
+    reference_with_grads,
+)
 
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
@@ -24,8 +32,6 @@ pytestmark = pytest.mark.skipif(
     not op_kernel.native_available(), reason=f"native kernels not built: {op_kernel.NATIVE_UNAVAILABLE_REASON}"
 )
 
-FORWARD = "BlockAttentionResiduals"
-BACKWARD = "BlockAttentionResidualsGrad"
 FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
 BACKWARD_NAMES = ("grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -45,7 +51,7 @@ def run_forward(inputs, cores=2, ub_size=ROOMY_UB, implementation="native", need
     )
     stat_shape = (tokens, count + 1) if need_backward else (0,)
     outputs = (torch.empty_like(partial), torch.empty(stat_shape), torch.empty(stat_shape))
-    kernel = op_kernel.get_kernels(implementation)[FORWARD]
+    kernel = op_kernel.kernel(FORWARD_KERNEL, implementation)
     kernel(*inputs, *outputs, torch.empty(0, dtype=torch.uint8), result.data)
     return outputs, result
 
@@ -58,7 +64,7 @@ def run_backward(inputs, stats, grad_hidden, cores=2, ub_size=ROOMY_UB, implemen
     # Outputs start as NaN so that an element the kernel forgets to write shows up.
     outputs = tuple(torch.full_like(t, float("nan")) for t in (partial, blocks, proj, norm))
     workspace = torch.full((result.workspace_size,), 0xFF, dtype=torch.uint8)  # NaN-filled chunk rows
-    kernel = op_kernel.get_kernels(implementation)[BACKWARD]
+    kernel = op_kernel.kernel(BACKWARD_KERNEL, implementation)
     kernel(*inputs, grad_hidden, *stats, *outputs, workspace, result.data)
     return outputs, result
 
@@ -216,14 +222,14 @@ def test_a_record_that_does_not_match_the_tensors_is_refused():
     result = forward_tiling.tiling(forward_tiling.parse(plat), 12, 2, 32, torch.float32, 1e-6, True, plat)
     outputs = (torch.empty(10, 32), torch.empty(10, 3), torch.empty(10, 3))
     with pytest.raises(ValueError, match="partial_block must be a contiguous CPU torch.float32 tensor of 384"):
-        op_kernel.get_kernels("native")[FORWARD](*inputs, *outputs, torch.empty(0, dtype=torch.uint8), result.data)
+        op_kernel.kernel(FORWARD_KERNEL, "native")(*inputs, *outputs, torch.empty(0, dtype=torch.uint8), result.data)
 
 
 def test_a_record_that_does_not_cover_the_shape_is_refused():
     """The C++ side refuses a record whose core split or hidden tiles would step outside the tensors."""
     inputs = make_inputs(10, 2, 40)
     outputs, result = run_forward(inputs, cores=3, ub_size=2048)
-    kernel = op_kernel.get_kernels("native")[FORWARD]
+    kernel = op_kernel.kernel(FORWARD_KERNEL, "native")
     empty = torch.empty(0, dtype=torch.uint8)
     bad_tiles = dataclasses.replace(result.data, h_last_tile=result.data.h_last_tile + 16)
     with pytest.raises(ValueError, match="do not tile H=40"):
@@ -246,13 +252,13 @@ def test_switching_implementation_reaches_plans_already_cached(monkeypatch):
     inputs = make_inputs(19, 3, 56)  # a signature no other test plans, so no Python launch is cached yet
     torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)  # planned, launched natively
     made = []
-    python_launch = op_kernel.PYTHON_LAUNCHES[FORWARD]
+    python_launch = op_kernel._python_launch
 
-    def spy(tiling, dtype):
+    def spy(op, tiling):
         made.append(tiling)
-        return python_launch(tiling, dtype)
+        return python_launch(op, tiling)
 
-    monkeypatch.setitem(op_kernel.PYTHON_LAUNCHES, FORWARD, spy)
+    monkeypatch.setattr(op_kernel, "_python_launch", spy)
     try:
         op_kernel.KERNELS.set_implementation("python")
         outputs = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
@@ -267,11 +273,11 @@ def test_switching_implementation_reaches_plans_already_cached(monkeypatch):
 
 
 class TestDispatch:
-    def test_get_kernels_names_both_implementations(self):
-        assert op_kernel.get_kernels("native")[FORWARD].__module__.endswith("native")
-        assert op_kernel.get_kernels("python")[FORWARD] is op_kernel.block_attention_residuals_kernel
+    def test_kernel_names_both_implementations(self):
+        assert op_kernel.kernel(FORWARD_KERNEL, "native").__module__.endswith("native")
+        assert op_kernel.kernel(FORWARD_KERNEL, "python") is FORWARD_KERNEL.python
         with pytest.raises(ValueError, match="unknown kernel implementation"):
-            op_kernel.get_kernels("cuda")
+            op_kernel.kernel(FORWARD_KERNEL, "cuda")
 
     def test_environment_forces_an_implementation(self, monkeypatch):
         try:
@@ -291,19 +297,19 @@ class TestDispatch:
 
     def test_missing_extension_falls_back_with_one_warning(self, monkeypatch):
         monkeypatch.delenv(op_kernel.KERNEL_ENV, raising=False)
-        monkeypatch.setattr(op_kernel, "_native_kernels", None)
+        monkeypatch.setattr(op_kernel, "_native_module", None)
         monkeypatch.setattr(op_kernel, "NATIVE_UNAVAILABLE_REASON", "it was not built (test)")
         try:
             op_kernel.KERNELS.set_implementation(None)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                assert op_kernel.KERNELS[FORWARD] is op_kernel.block_attention_residuals_kernel
-                assert op_kernel.KERNELS[BACKWARD] is op_kernel.block_attention_residuals_grad_kernel
+                assert op_kernel.KERNELS.kernel(FORWARD_KERNEL) is FORWARD_KERNEL.python
+                assert op_kernel.KERNELS.kernel(BACKWARD_KERNEL) is BACKWARD_KERNEL.python
             fallback = op_kernel.NativeKernelUnavailableWarning
             messages = [str(w.message) for w in caught if issubclass(w.category, fallback)]
             assert len(messages) == 1 and "not built (test)" in messages[0] and "pip install" in messages[0]
             with pytest.raises(ImportError, match="not built"):
-                op_kernel.get_kernels("native")
+                op_kernel.kernel(FORWARD_KERNEL, "native")
         finally:
             monkeypatch.undo()
             op_kernel.KERNELS.set_implementation(None)

@@ -1,7 +1,7 @@
 """The NPU kernels warm their device up once per process before the first CANN op, on CPU.
 
 No `npu` device is registered (that would break torch.compile for the process): the kernels
-from make_npu_kernels run on CPU tensors, with stand-ins for CANN's two torch ops that record
+from make_npu_kernel run on CPU tensors, with stand-ins for CANN's two torch ops that record
 when they are called, and a dispatch mode that records which aten ops ran on which device.
 """
 
@@ -62,7 +62,7 @@ def backward_inputs():
 
 def test_first_call_runs_a_small_op_on_the_device_once_then_cann(fresh_process):
     events = []
-    forward, backward = npu.make_npu_kernels(*standin_cann_ops(events))
+    forward, backward = (npu.make_npu_kernel(op) for op in standin_cann_ops(events))
     forward_args, backward_args = make_inputs(T, N, H), backward_inputs()
     with RecordOps(events):
         assert backward(*backward_args, valid_block_num=0) == "backward-result"
@@ -93,7 +93,7 @@ def test_concurrent_first_calls_warm_up_once_and_wait_for_it(fresh_process, monk
             log.append(("cann", args[0].device))
 
     monkeypatch.setattr(npu, "_run_small_op", slow_small_op)
-    _, backward = npu.make_npu_kernels(lambda *a: None, cann_backward)
+    backward = npu.make_npu_kernel(cann_backward)
     inputs = backward_inputs()
     threads = [threading.Thread(target=backward, args=inputs, kwargs={"valid_block_num": 0}) for _ in range(8)]
     for thread in threads:

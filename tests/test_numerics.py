@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import (
     DTYPE_IDS,
+    FORWARD_KERNEL,
     HOST_SAMPLE,
     assert_bitwise_equal,
     assert_close_to_reference,
@@ -88,7 +89,7 @@ def host_tiling(runtime, tokens, blocks, hidden, dtype):
         "partial_block": TensorMeta((tokens, hidden), dtype),
         "block_res": TensorMeta((tokens, blocks, hidden), dtype),
     }
-    return runtime.tiling(FORWARD.op_type, metas, FORWARD.bind_attrs({"need_backward": True}))
+    return runtime.tiling(FORWARD_KERNEL, metas, FORWARD.bind_attrs({"need_backward": True}))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -6,23 +6,25 @@
 // more than a decode step's kernel; a compiled graph's node spent as much in the local
 // GE's Python. This module keeps, per input signature, a launch that needs no Python:
 //
-//   install()   registers for both torch ops the CPU kernel (eager calls: fresh outputs)
-//               and the Autograd kernel: for the forward a torch::autograd::Function (the
-//               ForwardFunction of ge_plugin/block_attention_residuals.py in C++); for the
-//               backward, the kernel itself unless a graph is needed (create_graph), then the
-//               Python BackwardFunction (ge_plugin/block_attention_residuals_grad.py)
+//   register_eager(op_name)  the op's CPU kernel (eager calls: fresh outputs), one boxed
+//               kernel for every op: tensors and attributes are read from the op's schema
+//   register_autograd()  the Autograd kernels of the two Block AttnRes ops: for the forward a
+//               torch::autograd::Function (the ForwardFunction of ge_plugin/block_attention_residuals.py
+//               in C++); for the backward, the kernel itself unless a graph is needed (create_graph),
+//               then the Python BackwardFunction (ge_plugin/block_attention_residuals_grad.py)
 //   set_autograd_formulas()  the Python functions those two call for the rare derivatives
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
 //               per signature and reused only when provably free (GraphNode::Slot: the rule
-//               ge_plugin/buffer_pool.py applies too)
+//               op_kernel/buffer_pool.py applies too)
 //
-// A signature not seen yet goes to Python, which validates and plans (op_host) as it always
-// has, so every error message is the Python one, and hands back a repeatable launch: the
-// launch record of the plan (op_kernel/csrc), the outputs' shapes and dtypes, the workspace
-// size. It hands back none when the Python kernels are active (or, eager, when an output
-// comes from the huge-page pool), and Python then runs the call itself. Repeats launch the
-// very record the plan made, on the same kernels: the same bits. forget() drops every
-// cached launch (Python calls it when the kernel implementation changes).
+// A signature not seen yet goes to Python, which validates and plans (op_kernel.launcher) as it
+// always has, so every error message is the Python one, and hands back a repeatable launch: the
+// plan's launch record (op_kernel/csrc/launch_record.h: it knows its op's kernel and how to bind
+// the data pointers), the outputs' shapes and dtypes, the workspace size. It hands back none when
+// the Python kernels are active (or, eager, when an output comes from the huge-page pool), and
+// Python then runs the call itself. Repeats launch the very record the plan made, on the same
+// kernels: the same bits. forget() drops every cached launch (Python calls it when the kernel
+// implementation changes). Nothing here but the autograd kernels knows an op.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -42,15 +44,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../../op_kernel/csrc/attnres_native.h"
+#include "../../op_kernel/csrc/launch_record.h"
 
 namespace py = pybind11;
 
 namespace {
-
-constexpr int kForwardOp = 0;   // op index shared with ge_plugin/op_common.py: BlockAttentionResiduals
-constexpr int kBackwardOp = 1;  // BlockAttentionResidualsGrad
-constexpr size_t kMaxEagerSignatures = 1024;  // as op_host.runtime.PLAN_CACHE_SIZE
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -63,10 +61,7 @@ struct OutputMeta {
 
 // What a repeat of one planned signature needs besides the tensors.
 struct Launch {
-  int op = kForwardOp;
-  attnres::ForwardArgs forward{};    // the launch record when op is kForwardOp
-  attnres::BackwardArgs backward{};  // when op is kBackwardOp
-  bool keep_stats = false;           // forward: inv_norm and probs are written
+  std::unique_ptr<const attnres::LaunchRecord> record;
   std::vector<OutputMeta> outputs;
   int64_t workspace_bytes = 0;
 };
@@ -82,8 +77,9 @@ struct KeyHash {
 class GraphNode;
 
 struct EntryState {
-  attnres::KernelTable kernels{};
-  py::object first_call;  // op_common._first_call
+  py::object first_call;          // op_common._first_call
+  size_t max_eager_signatures = 0;  // op_kernel.launcher.PLAN_CACHE_SIZE, given at install
+  std::vector<std::string> eager_ops;  // an op's index here is the first element of its eager keys
   py::object statistics_backward;     // block_attention_residuals.statistics_backward
   py::object differentiable_backward;  // block_attention_residuals_grad.differentiable_backward
   std::mutex mutex;
@@ -97,16 +93,16 @@ EntryState& state() {
   return *instance;
 }
 
-// op, then per tensor its device, dtype, rank and sizes, then the attributes.
-Key signature(int op, const std::vector<at::Tensor>& tensors, std::initializer_list<int64_t> attrs = {}) {
-  Key key{op};
+// `first` (which op, for eager keys), then per tensor its device, dtype, rank and sizes, then the attributes.
+Key signature(int64_t first, const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& attrs = {}) {
+  Key key{first};
   for (const at::Tensor& tensor : tensors) {
     key.push_back(static_cast<int64_t>(tensor.device().type()) << 8 | (tensor.device().index() + 1));
     key.push_back(static_cast<int64_t>(tensor.scalar_type()));
     key.push_back(tensor.dim());
     for (int64_t size : tensor.sizes()) key.push_back(size);
   }
-  key.insert(key.end(), attrs);
+  key.insert(key.end(), attrs.begin(), attrs.end());
   return key;
 }
 
@@ -116,23 +112,17 @@ int64_t bits_of(double value) {
   return bits;
 }
 
-// A repeatable launch from Python's (record, keep_stats, workspace_bytes, [(shape, dtype), ...]); null for None.
-std::shared_ptr<const Launch> launch_from(int op, const py::object& answer) {
+// A repeatable launch from Python's (launch record, workspace_bytes, [(shape, dtype), ...]); null for None.
+std::shared_ptr<const Launch> launch_from(const py::object& answer) {
   if (answer.is_none()) return nullptr;
   auto fields = answer.cast<py::tuple>();
   auto launch = std::make_shared<Launch>();
-  launch->op = op;
-  const char* name = op == kForwardOp ? attnres::kForwardRecordCapsule : attnres::kBackwardRecordCapsule;
-  void* record = PyCapsule_GetPointer(fields[0].ptr(), name);
+  auto* record = static_cast<const attnres::LaunchRecord*>(PyCapsule_GetPointer(fields[0].ptr(),
+                                                                                attnres::kLaunchRecordCapsule));
   if (record == nullptr) throw py::error_already_set();
-  if (op == kForwardOp) {
-    launch->forward = *static_cast<const attnres::ForwardArgs*>(record);
-  } else {
-    launch->backward = *static_cast<const attnres::BackwardArgs*>(record);
-  }
-  launch->keep_stats = fields[1].cast<bool>();
-  launch->workspace_bytes = fields[2].cast<int64_t>();
-  for (const auto& meta : fields[3].cast<py::list>()) {
+  launch->record = record->clone();
+  launch->workspace_bytes = fields[1].cast<int64_t>();
+  for (const auto& meta : fields[2].cast<py::list>()) {
     auto shape_and_dtype = meta.cast<py::tuple>();
     launch->outputs.push_back({shape_and_dtype[0].cast<std::vector<int64_t>>(), shape_and_dtype[1].cast<at::ScalarType>()});
   }
@@ -146,33 +136,12 @@ at::Tensor empty_workspace(int64_t bytes) { return at::empty({bytes}, at::dtype(
 // Runs the kernel of `launch` on contiguous inputs (prototype order) and outputs of its planned shapes.
 void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
          const at::Tensor& workspace) {
-  const attnres::KernelTable& kernels = state().kernels;
-  if (launch.op == kForwardOp) {
-    attnres::ForwardArgs args = launch.forward;
-    args.partial_block = inputs[0].const_data_ptr();
-    args.block_res = inputs[1].const_data_ptr();
-    args.proj_weight = inputs[2].const_data_ptr();
-    args.norm_weight = inputs[3].const_data_ptr();
-    args.hidden_states = outputs[0].mutable_data_ptr();
-    args.inv_norm = launch.keep_stats ? outputs[1].mutable_data_ptr<float>() : nullptr;
-    args.probs = launch.keep_stats ? outputs[2].mutable_data_ptr<float>() : nullptr;
-    if (args.tokens > 0) kernels.forward(args, at::get_num_threads());  // torch's thread limit
-    return;
-  }
-  attnres::BackwardArgs args = launch.backward;
-  args.partial_block = inputs[0].const_data_ptr();
-  args.block_res = inputs[1].const_data_ptr();
-  args.proj_weight = inputs[2].const_data_ptr();
-  args.norm_weight = inputs[3].const_data_ptr();
-  args.grad_hidden_states = inputs[4].const_data_ptr();
-  args.inv_norm = inputs[5].const_data_ptr<float>();
-  args.probs = inputs[6].const_data_ptr<float>();
-  args.grad_partial_block = outputs[0].mutable_data_ptr();
-  args.grad_block_res = outputs[1].mutable_data_ptr();
-  args.grad_proj_weight = outputs[2].mutable_data_ptr();
-  args.grad_norm_weight = outputs[3].mutable_data_ptr();
-  args.chunk_rows = workspace.defined() ? static_cast<float*>(workspace.mutable_data_ptr()) : nullptr;
-  kernels.backward(args, at::get_num_threads());
+  std::vector<const void*> input_data;
+  for (const at::Tensor& input : inputs) input_data.push_back(input.const_data_ptr());
+  std::vector<void*> output_data;  // null for an empty output, as the launch records expect
+  for (const at::Tensor& output : outputs) output_data.push_back(output.numel() ? output.mutable_data_ptr() : nullptr);
+  void* workspace_data = workspace.defined() && workspace.numel() ? workspace.mutable_data_ptr() : nullptr;
+  launch.record->run(input_data.data(), output_data.data(), workspace_data, at::get_num_threads());  // torch's limit
 }
 
 std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& tensors) {
@@ -195,60 +164,77 @@ bool all_defined(const std::vector<at::Tensor>& tensors) {
   return std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& tensor) { return tensor.defined(); });
 }
 
-// One eager call: the cached launch with fresh outputs, or the Python entry (whose launch is then cached).
-// A None input (an undefined tensor) has no signature: Python's validation names it.
-std::vector<at::Tensor> eager_call(int op, const std::vector<at::Tensor>& inputs,
-                                   const std::function<Key()>& signature_of, const std::function<py::dict()>& attrs) {
-  const bool cacheable = all_defined(inputs);
-  const Key key = cacheable ? signature_of() : Key{};
-  if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
-    std::vector<at::Tensor> outputs;
-    for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
-    const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
-    run(*launch, contiguous(inputs), outputs, workspace);
-    return outputs;
+// The Python value of a scalar attribute.
+py::object python_value(const c10::IValue& value) {
+  if (value.isBool()) return py::bool_(value.toBool());
+  if (value.isInt()) return py::int_(value.toInt());
+  if (value.isDouble()) return py::float_(value.toDouble());
+  throw std::runtime_error("attnres_ge._cpp_entry: attributes must be bool, int or float, got " + value.tagKind());
+}
+
+// The part of an eager key an attribute takes: its value, or a float's bits.
+int64_t key_of(const c10::IValue& value) {
+  if (value.isDouble()) return bits_of(value.toDouble());
+  return value.isBool() ? static_cast<int64_t>(value.toBool()) : value.toInt();
+}
+
+// The CPU kernel of every op registered with register_eager: reads the tensors and attributes as
+// the schema lists them; runs the cached launch of their signature with fresh outputs, or asks the
+// Python entry (whose launch is then cached). A None input (an undefined tensor) has no
+// signature: Python's validation names it.
+class EagerKernel final : public c10::OperatorKernel {
+ public:
+  explicit EagerKernel(int64_t op) : op_(op) {}
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const auto& arguments = handle.schema().arguments();
+    std::vector<at::Tensor> inputs;
+    std::vector<std::pair<std::string, c10::IValue>> attrs;
+    std::vector<int64_t> attr_key;
+    auto values = torch::jit::last(*stack, arguments.size());
+    for (size_t index = 0; index < arguments.size(); ++index) {
+      const c10::IValue& value = values[index];
+      if (arguments[index].type()->kind() == c10::TypeKind::TensorType) {
+        inputs.push_back(value.isTensor() ? value.toTensor() : at::Tensor());
+      } else {
+        attrs.emplace_back(arguments[index].name(), value);
+        attr_key.push_back(key_of(value));
+      }
+    }
+    std::vector<at::Tensor> outputs = call(inputs, attrs, attr_key);
+    torch::jit::drop(*stack, arguments.size());
+    for (at::Tensor& output : outputs) stack->emplace_back(std::move(output));
   }
-  py::gil_scoped_acquire gil;
-  auto answer = state().first_call(op, inputs, attrs()).cast<py::tuple>();  // Python errors propagate as they are
-  if (auto launch = cacheable ? launch_from(op, answer[1]) : nullptr) {
+
+ private:
+  std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs,
+                               const std::vector<std::pair<std::string, c10::IValue>>& attrs,
+                               const std::vector<int64_t>& attr_key) const {
+    const bool cacheable = all_defined(inputs);
+    const Key key = cacheable ? signature(op_, inputs, attr_key) : Key{};
+    if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
+      std::vector<at::Tensor> outputs;
+      for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
+      const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
+      run(*launch, contiguous(inputs), outputs, workspace);
+      return outputs;
+    }
+    py::gil_scoped_acquire gil;
     EntryState& entry = state();
-    std::lock_guard<std::mutex> lock(entry.mutex);
-    if (entry.eager_launches.size() >= kMaxEagerSignatures) entry.eager_launches.clear();
-    entry.eager_launches.emplace(key, std::move(launch));
+    py::dict python_attrs;
+    for (const auto& [name, value] : attrs) python_attrs[py::str(name)] = python_value(value);
+    // Python errors propagate as they are.
+    auto answer = entry.first_call(entry.eager_ops[op_], inputs, python_attrs).cast<py::tuple>();
+    if (auto launch = cacheable ? launch_from(answer[1]) : nullptr) {
+      std::lock_guard<std::mutex> lock(entry.mutex);
+      if (entry.eager_launches.size() >= entry.max_eager_signatures) entry.eager_launches.clear();
+      entry.eager_launches.emplace(key, std::move(launch));
+    }
+    return answer[0].cast<std::vector<at::Tensor>>();
   }
-  return answer[0].cast<std::vector<at::Tensor>>();
-}
 
-ForwardResult forward_cpu(const at::Tensor& partial_block, const at::Tensor& block_res, const at::Tensor& proj_weight,
-                          const at::Tensor& norm_weight, int64_t valid_block_num, double norm_eps,
-                          bool need_backward) {
-  const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight};
-  auto outputs = eager_call(
-      kForwardOp, inputs,
-      [&] { return signature(kForwardOp, inputs, {valid_block_num, bits_of(norm_eps), need_backward}); }, [&] {
-                              py::dict attrs;
-                              attrs["valid_block_num"] = valid_block_num;
-                              attrs["norm_eps"] = norm_eps;
-                              attrs["need_backward"] = need_backward;
-                              return attrs;
-                            });
-  return {outputs[0], outputs[1], outputs[2]};
-}
-
-BackwardResult backward_cpu(const at::Tensor& partial_block, const at::Tensor& block_res,
-                            const at::Tensor& proj_weight, const at::Tensor& norm_weight,
-                            const at::Tensor& grad_hidden_states, const at::Tensor& inv_norm, const at::Tensor& probs,
-                            int64_t valid_block_num) {
-  const std::vector<at::Tensor> inputs{partial_block, block_res, proj_weight, norm_weight,
-                                       grad_hidden_states, inv_norm, probs};
-  auto outputs = eager_call(
-      kBackwardOp, inputs, [&] { return signature(kBackwardOp, inputs, {valid_block_num}); }, [&] {
-    py::dict attrs;
-    attrs["valid_block_num"] = valid_block_num;
-    return attrs;
-  });
-  return {outputs[0], outputs[1], outputs[2], outputs[3]};
-}
+  const int64_t op_;
+};
 
 // ---------------------------------------------------------------------------------------------- autograd
 
@@ -384,21 +370,20 @@ class GraphNode {
   // graph result j. plan(inputs) validates and returns a repeatable launch or None; run(inputs) runs
   // the graph in Python (its answer for None). Buffers are kept for the max_signatures most recently
   // used signatures.
-  GraphNode(int op, std::vector<int64_t> input_order, std::vector<int64_t> result_order, py::object plan,
-            py::object run, size_t max_signatures)
-      : op_(op),
-        input_order_(std::move(input_order)),
+  GraphNode(std::vector<int64_t> input_order, std::vector<int64_t> result_order, py::object plan, py::object run,
+            size_t max_signatures)
+      : input_order_(std::move(input_order)),
         result_order_(std::move(result_order)),
         plan_(std::move(plan)),
         run_(std::move(run)),
         max_signatures_(std::max<size_t>(max_signatures, 1)) {}
 
   py::object call(const std::vector<at::Tensor>& graph_inputs) {
-    const Key key = signature(op_, graph_inputs);
+    const Key key = signature(0, graph_inputs);
     std::shared_ptr<const Launch> launch;
     std::vector<at::Tensor> buffers;  // outputs, then the workspace
     if (!take(key, &launch, &buffers)) {
-      launch = launch_from(op_, plan_(graph_inputs));  // the GIL is held: called from Python
+      launch = launch_from(plan_(graph_inputs));  // the GIL is held: called from Python
       if (launch == nullptr) return run_(graph_inputs);
       buffers = remember(key, launch);
     }
@@ -501,7 +486,6 @@ class GraphNode {
     return buffers;
   }
 
-  const int op_;
   const std::vector<int64_t> input_order_, result_order_;
   const py::object plan_, run_;
   const size_t max_signatures_;
@@ -510,9 +494,9 @@ class GraphNode {
   int64_t allocations_ = 0;       // storages allocated so far (tests watch reuse through it)
 };
 
-std::shared_ptr<GraphNode> make_graph_node(int op, std::vector<int64_t> input_order, std::vector<int64_t> result_order,
+std::shared_ptr<GraphNode> make_graph_node(std::vector<int64_t> input_order, std::vector<int64_t> result_order,
                                            py::object plan, py::object run, size_t max_signatures) {
-  auto node = std::make_shared<GraphNode>(op, std::move(input_order), std::move(result_order), std::move(plan),
+  auto node = std::make_shared<GraphNode>(std::move(input_order), std::move(result_order), std::move(plan),
                                           std::move(run), max_signatures);
   EntryState& entry = state();
   std::lock_guard<std::mutex> lock(entry.mutex);
@@ -525,27 +509,34 @@ std::shared_ptr<GraphNode> make_graph_node(int op, std::vector<int64_t> input_or
 
 // ---------------------------------------------------------------------------------------------- module
 
-// Registers the torch ops' kernels (once) with `kernel_table` (the _native capsule) and `first_call`,
-// the Python entry for eager signatures not cached: first_call(op_index, inputs, attrs) ->
-// (outputs, repeatable launch or None).
-void install(py::capsule kernel_table, py::object first_call) {
+// Makes `first_call` the Python entry for eager signatures not cached: first_call(op_name, inputs, attrs)
+// -> (outputs, repeatable launch or None); at most `max_signatures` eager signatures are cached.
+void install(py::object first_call, size_t max_signatures) {
   EntryState& entry = state();
-  if (!entry.registrations.empty()) throw std::runtime_error("attnres_ge._cpp_entry: install() was called already");
-  auto* kernels =
-      static_cast<attnres::KernelTable*>(PyCapsule_GetPointer(kernel_table.ptr(), attnres::kKernelTableCapsule));
-  if (kernels == nullptr) throw py::error_already_set();
-  entry.kernels = *kernels;
+  if (entry.first_call) throw std::runtime_error("attnres_ge._cpp_entry: install() was called already");
   entry.first_call = std::move(first_call);
+  entry.max_eager_signatures = std::max<size_t>(max_signatures, 1);
+}
+
+// Registers the boxed EagerKernel as the CPU kernel of attnres::<op_name>.
+void register_eager(const std::string& op_name) {
+  EntryState& entry = state();
+  if (!entry.first_call) throw std::runtime_error("attnres_ge._cpp_entry: install() first");
+  const auto index = static_cast<int64_t>(entry.eager_ops.size());
+  entry.eager_ops.push_back(op_name);
   auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::CPU, __FILE__,
                                               __LINE__);
-  cpu->impl("block_attention_residuals", TORCH_FN(forward_cpu));
-  cpu->impl("block_attention_residuals_backward", TORCH_FN(backward_cpu));
+  cpu->impl(op_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EagerKernel>(index)));
+  entry.registrations.push_back(std::move(cpu));
+}
+
+// Registers the Autograd kernels of both Block AttnRes ops (their formulas are the ops' own).
+void register_autograd() {
   auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::Autograd,
                                                    __FILE__, __LINE__);
   autograd->impl("block_attention_residuals", TORCH_FN(forward_autograd));
   autograd->impl("block_attention_residuals_backward", TORCH_FN(backward_autograd));
-  entry.registrations.push_back(std::move(cpu));
-  entry.registrations.push_back(std::move(autograd));
+  state().registrations.push_back(std::move(autograd));
 }
 
 // The Python functions the Autograd kernels call for the rare derivatives: statistics_backward(partial_block,
@@ -580,13 +571,15 @@ size_t cached_launches() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
-  module.def("install", &install, py::arg("kernel_table"), py::arg("first_call"));
+  module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"));
+  module.def("register_eager", &register_eager, py::arg("op_name"));
+  module.def("register_autograd", &register_autograd);
   module.def("set_autograd_formulas", &set_autograd_formulas, py::arg("statistics_backward"),
              py::arg("differentiable_backward"));
   module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");
   module.def("cached_launches", &cached_launches, "How many eager input signatures have a cached launch");
   py::class_<GraphNode, std::shared_ptr<GraphNode>>(module, "GraphNode")
-      .def(py::init(&make_graph_node), py::arg("op_index"), py::arg("input_order"), py::arg("result_order"),
+      .def(py::init(&make_graph_node), py::arg("input_order"), py::arg("result_order"),
            py::arg("plan"), py::arg("run"), py::arg("max_signatures"))
       .def("__call__", &GraphNode::call)
       .def("planned_signatures", &GraphNode::planned_signatures)

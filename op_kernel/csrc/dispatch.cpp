@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "attnres_native.h"
+#include "native_ops.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define ATTNRES_X86 1
@@ -32,6 +32,11 @@ ATTNRES_DECLARE_KERNELS(avx512bf16)
 #undef ATTNRES_DECLARE_KERNELS
 
 namespace {
+
+struct KernelTable {
+  void (*forward)(const ForwardArgs&, int max_threads);
+  void (*backward)(const BackwardArgs&, int max_threads);
+};
 
 struct IsaPath {
   const char* name;

@@ -21,5 +21,5 @@
 #define ATTNRES_X86 0
 #endif
 
-#include "attnres_native.h"
+#include "native_ops.h"
 #include "thread_pool.h"

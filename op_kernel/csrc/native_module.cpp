@@ -3,13 +3,12 @@
 // Plain Python C API, no torch or pybind11 headers: those would take a minute of
 // the install's build time for what is a handful of integers per call.
 //
-//   forward_record / backward_record  a tiling record's fields -> a launch record
-//                                     (capsule), once this module has checked that
-//                                     they deal out exactly the tokens (chunks) and
-//                                     tile exactly the hidden size
-//   forward / backward                a launch record, data pointers and the thread limit
-//                                     -> the kernel
-//   KERNEL_TABLE                      the kernels, for the torch ops' C++ entry
+//   record_layouts                    each op's tiling record struct: bytes, fields' offsets
+//   make_launch                       an op's tiling record (to_bytes()) -> a launch record
+//                                     (capsule, launch_record.h), once the record deals out
+//                                     exactly its items and tiles exactly the hidden size
+//   launch                            a launch record, data addresses, the thread limit -> the kernel
+//   LANES, DTYPE_CODES                constants the Python side asserts it shares
 //   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
 //   known_isa_paths, select_isa_path
 //   last_call_threads                 threads the calling thread's latest kernel call used
@@ -23,34 +22,16 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "attnres_native.h"
 #include "dispatch.h"
+#include "native_ops.h"
 #include "thread_pool.h"
 
 namespace {
-
-// "" when the record covers `items` and `hidden` exactly, else what is wrong.
-std::string tiling_problem(int64_t items, int64_t hidden, int64_t used, int64_t former_num, int64_t former_len,
-                           int64_t tail_len, int64_t tokens_per_loop, const attnres::HiddenTiles& tiles) {
-  if (used < 1 || former_num < 0 || former_num > used || former_len < 0 || tail_len < 0) {
-    return "bad core split: used_core_num=" + std::to_string(used) + ", former_core_num=" + std::to_string(former_num);
-  }
-  if (former_num * former_len + (used - former_num) * tail_len != items) {
-    return "the core split does not cover " + std::to_string(items) + " items exactly";
-  }
-  if (tokens_per_loop < 1) return "tokens_per_loop must be >= 1, got " + std::to_string(tokens_per_loop);
-  if (tiles.h_tile_num < 1 || tiles.h_last_tile < 1 || tiles.h_last_tile > tiles.h_tile ||
-      (tiles.h_tile_num > 1 && tiles.h_tile % attnres::kLanes != 0) ||
-      (tiles.h_tile_num - 1) * tiles.h_tile + tiles.h_last_tile != hidden) {
-    return "hidden tiles h_tile=" + std::to_string(tiles.h_tile) + ", h_tile_num=" + std::to_string(tiles.h_tile_num) +
-           ", h_last_tile=" + std::to_string(tiles.h_last_tile) + " do not tile H=" + std::to_string(hidden) +
-           " with starts at multiples of " + std::to_string(attnres::kLanes);
-  }
-  return "";
-}
 
 bool dtype_from_code(int code, attnres::DType* dtype) {
   if (code < 0 || code > 2) {
@@ -61,164 +42,98 @@ bool dtype_from_code(int code, attnres::DType* dtype) {
   return true;
 }
 
-template <typename P>
-P* pointer(unsigned long long address) {
-  return reinterpret_cast<P*>(static_cast<uintptr_t>(address));
+const attnres::NativeOp* find_op(const char* op_type) {
+  for (const attnres::NativeOp& op : attnres::native_ops()) {
+    if (std::strcmp(op.op_type, op_type) == 0) return &op;
+  }
+  PyErr_Format(PyExc_ValueError, "attnres native kernel: no native op %s", op_type);
+  return nullptr;
 }
 
-template <typename Args>
-void free_record(PyObject* capsule) {
-  delete static_cast<Args*>(PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule)));
+void free_launch(PyObject* capsule) {
+  delete static_cast<attnres::LaunchRecord*>(PyCapsule_GetPointer(capsule, attnres::kLaunchRecordCapsule));
 }
 
-template <typename Args>
-PyObject* record_capsule(const Args& args, const char* name) {
-  auto* record = new Args(args);
-  PyObject* capsule = PyCapsule_New(record, name, free_record<Args>);
-  if (capsule == nullptr) delete record;
+// record_layouts() -> {op type: (record bytes, ((field, offset, size), ...))} for every op.
+PyObject* record_layouts(PyObject*, PyObject*) {
+  PyObject* layouts = PyDict_New();
+  if (layouts == nullptr) return nullptr;
+  for (const attnres::NativeOp& op : attnres::native_ops()) {
+    PyObject* fields = PyTuple_New(static_cast<Py_ssize_t>(op.fields.size()));
+    if (fields == nullptr) return Py_DECREF(layouts), nullptr;
+    for (size_t i = 0; i < op.fields.size(); ++i) {
+      const attnres::RecordField& field = op.fields[i];
+      PyTuple_SET_ITEM(fields, static_cast<Py_ssize_t>(i), Py_BuildValue("(snn)", field.name, field.offset, field.size));
+    }
+    PyObject* layout = Py_BuildValue("(nN)", static_cast<Py_ssize_t>(op.record_bytes), fields);
+    if (layout == nullptr || PyDict_SetItemString(layouts, op.op_type, layout) < 0) {
+      Py_XDECREF(layout);
+      Py_DECREF(layouts);
+      return nullptr;
+    }
+    Py_DECREF(layout);
+  }
+  return layouts;
+}
+
+// make_launch(op_type, dtype_code, record, stream_min_bytes) -> a launch record (capsule
+// kLaunchRecordCapsule) from a tiling record's to_bytes(), once it deals out its items and tiles H exactly.
+PyObject* make_launch(PyObject*, PyObject* args) {
+  const char* op_type;
+  int dtype_code;
+  Py_buffer record;
+  long long stream_min_bytes;
+  if (!PyArg_ParseTuple(args, "siy*L", &op_type, &dtype_code, &record, &stream_min_bytes)) return nullptr;
+  const attnres::NativeOp* op = find_op(op_type);
+  attnres::DType dtype;
+  std::unique_ptr<attnres::LaunchRecord> launch;
+  std::string problem;
+  if (op != nullptr && dtype_from_code(dtype_code, &dtype)) {
+    if (static_cast<size_t>(record.len) != op->record_bytes) {
+      PyErr_Format(PyExc_ValueError, "%s native kernel: a tiling record has %zu bytes, got %zd", op_type,
+                   op->record_bytes, record.len);
+    } else {
+      launch = op->make_launch(record.buf, dtype, stream_min_bytes, &problem);
+      if (launch == nullptr) PyErr_Format(PyExc_ValueError, "%s native kernel: %s", op_type, problem.c_str());
+    }
+  }
+  PyBuffer_Release(&record);
+  if (launch == nullptr) return nullptr;
+  PyObject* capsule = PyCapsule_New(launch.get(), attnres::kLaunchRecordCapsule, free_launch);
+  if (capsule != nullptr) launch.release();
   return capsule;
 }
 
-// forward_record(dtype_code, tokens, blocks, hidden, used_core_num, former_core_num, former_core_tokens,
-//                tail_core_tokens, tokens_per_loop, h_tile, h_tile_num, h_last_tile, norm_eps, stream_stores)
-// -> a launch record (capsule kForwardRecordCapsule) once the fields tile the tokens and H exactly.
-PyObject* forward_record(PyObject*, PyObject* args) {
-  int dtype_code, stream_stores;
-  long long tokens, blocks, hidden, used, former_num, former_tokens, tail_tokens, tokens_per_loop, h_tile,
-      h_tile_num, h_last_tile;
-  double norm_eps;
-  if (!PyArg_ParseTuple(args, "iLLLLLLLLLLLdp", &dtype_code, &tokens, &blocks, &hidden, &used, &former_num,
-                        &former_tokens, &tail_tokens, &tokens_per_loop, &h_tile, &h_tile_num, &h_last_tile, &norm_eps,
-                        &stream_stores)) {
-    return nullptr;
+// The addresses in a sequence of ints (0 for a null pointer), or false with a Python error set.
+bool addresses(PyObject* sequence, const char* what, std::vector<void*>* out) {
+  PyObject* items = PySequence_Fast(sequence, what);
+  if (items == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    void* address = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(items, i));
+    if (address == nullptr && PyErr_Occurred()) return Py_DECREF(items), false;
+    out->push_back(address);
   }
-  attnres::ForwardArgs a{};
-  if (!dtype_from_code(dtype_code, &a.dtype)) return nullptr;
-  a.tiles = {h_tile, h_tile_num, h_last_tile};
-  const std::string problem =
-      tiling_problem(tokens, hidden, used, former_num, former_tokens, tail_tokens, tokens_per_loop, a.tiles);
-  if (!problem.empty()) {
-    PyErr_Format(PyExc_ValueError, "BlockAttentionResiduals native kernel: %s", problem.c_str());
-    return nullptr;
-  }
-  a.tokens = tokens;
-  a.blocks = blocks;
-  a.hidden = hidden;
-  a.used_core_num = used;
-  a.former_core_num = former_num;
-  a.former_core_tokens = former_tokens;
-  a.tail_core_tokens = tail_tokens;
-  a.tokens_per_loop = tokens_per_loop;
-  a.norm_eps = static_cast<float>(norm_eps);
-  a.stream_stores = stream_stores != 0;
-  return record_capsule(a, attnres::kForwardRecordCapsule);
-}
-
-// backward_record(dtype_code, tokens, blocks, hidden, used_core_num, former_core_num, former_core_chunks,
-//                 tail_core_chunks, chunk_tokens, chunk_num, tokens_per_loop, h_tile, h_tile_num, h_last_tile,
-//                 stream_stores) -> a launch record (capsule kBackwardRecordCapsule), checked likewise.
-PyObject* backward_record(PyObject*, PyObject* args) {
-  int dtype_code, stream_stores;
-  long long tokens, blocks, hidden, used, former_num, former_chunks, tail_chunks, chunk_tokens, chunk_num,
-      tokens_per_loop, h_tile, h_tile_num, h_last_tile;
-  if (!PyArg_ParseTuple(args, "iLLLLLLLLLLLLLp", &dtype_code, &tokens, &blocks, &hidden, &used, &former_num,
-                        &former_chunks, &tail_chunks, &chunk_tokens, &chunk_num, &tokens_per_loop, &h_tile,
-                        &h_tile_num, &h_last_tile, &stream_stores)) {
-    return nullptr;
-  }
-  attnres::BackwardArgs a{};
-  if (!dtype_from_code(dtype_code, &a.dtype)) return nullptr;
-  a.tiles = {h_tile, h_tile_num, h_last_tile};
-  std::string problem =
-      tiling_problem(chunk_num, hidden, used, former_num, former_chunks, tail_chunks, tokens_per_loop, a.tiles);
-  if (problem.empty() && (chunk_tokens < 1 || chunk_num != (tokens + chunk_tokens - 1) / chunk_tokens)) {
-    problem = "chunk_num " + std::to_string(chunk_num) + " does not match " + std::to_string(tokens) +
-              " tokens in chunks of " + std::to_string(chunk_tokens);
-  }
-  if (!problem.empty()) {
-    PyErr_Format(PyExc_ValueError, "BlockAttentionResidualsGrad native kernel: %s", problem.c_str());
-    return nullptr;
-  }
-  a.tokens = tokens;
-  a.blocks = blocks;
-  a.hidden = hidden;
-  a.used_core_num = used;
-  a.former_core_num = former_num;
-  a.former_core_chunks = former_chunks;
-  a.tail_core_chunks = tail_chunks;
-  a.chunk_tokens = chunk_tokens;
-  a.chunk_num = chunk_num;
-  a.tokens_per_loop = tokens_per_loop;
-  a.stream_stores = stream_stores != 0;
-  return record_capsule(a, attnres::kBackwardRecordCapsule);
-}
-
-// The record a capsule holds (a copy), or false with a Python error set.
-template <typename Args>
-bool record_from(PyObject* capsule, const char* name, Args* args) {
-  auto* record = static_cast<Args*>(PyCapsule_GetPointer(capsule, name));
-  if (record == nullptr) return false;  // not a capsule of that name: TypeError/ValueError set
-  *args = *record;
+  Py_DECREF(items);
   return true;
 }
 
-// forward(record, partial_block, block_res, proj_weight, norm_weight, hidden_states, inv_norm, probs, max_threads)
-// Pointers are data addresses; inv_norm and probs are 0 when the statistics are not wanted.
-PyObject* forward(PyObject*, PyObject* args) {
-  PyObject* record;
-  unsigned long long partial, blocks_ptr, proj, norm, hidden_states, inv_norm, probs;
+// launch(record, inputs, outputs, workspace, max_threads): the record's kernel on data addresses
+// (prototype order; 0 for an empty output and for no workspace).
+PyObject* launch(PyObject*, PyObject* args) {
+  PyObject *record, *inputs, *outputs, *workspace;
   int max_threads;
-  if (!PyArg_ParseTuple(args, "OKKKKKKKi", &record, &partial, &blocks_ptr, &proj, &norm, &hidden_states, &inv_norm,
-                        &probs, &max_threads)) {
+  if (!PyArg_ParseTuple(args, "OOOOi", &record, &inputs, &outputs, &workspace, &max_threads)) return nullptr;
+  auto* launch = static_cast<const attnres::LaunchRecord*>(PyCapsule_GetPointer(record, attnres::kLaunchRecordCapsule));
+  if (launch == nullptr) return nullptr;
+  std::vector<void*> input_addresses, output_addresses;
+  if (!addresses(inputs, "inputs must be a sequence of addresses", &input_addresses) ||
+      !addresses(outputs, "outputs must be a sequence of addresses", &output_addresses)) {
     return nullptr;
   }
-  attnres::ForwardArgs a;
-  if (!record_from(record, attnres::kForwardRecordCapsule, &a)) return nullptr;
-  if ((inv_norm == 0) != (probs == 0)) {
-    PyErr_SetString(PyExc_ValueError, "BlockAttentionResiduals native kernel: inv_norm and probs go together");
-    return nullptr;
-  }
-  a.partial_block = pointer<const void>(partial);
-  a.block_res = pointer<const void>(blocks_ptr);
-  a.proj_weight = pointer<const void>(proj);
-  a.norm_weight = pointer<const void>(norm);
-  a.hidden_states = pointer<void>(hidden_states);
-  a.inv_norm = pointer<float>(inv_norm);
-  a.probs = pointer<float>(probs);
-  if (a.tokens > 0) {
-    Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_forward(a, max_threads);
-    Py_END_ALLOW_THREADS
-  }
-  Py_RETURN_NONE;
-}
-
-// backward(record, partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs,
-//          grad_partial_block, grad_block_res, grad_proj_weight, grad_norm_weight, workspace, max_threads)
-PyObject* backward(PyObject*, PyObject* args) {
-  PyObject* record;
-  unsigned long long partial, blocks_ptr, proj, norm, grad_hidden, inv_norm, probs, grad_partial, grad_blocks,
-      grad_proj, grad_norm, workspace;
-  int max_threads;
-  if (!PyArg_ParseTuple(args, "OKKKKKKKKKKKKi", &record, &partial, &blocks_ptr, &proj, &norm, &grad_hidden,
-                        &inv_norm, &probs, &grad_partial, &grad_blocks, &grad_proj, &grad_norm, &workspace,
-                        &max_threads)) {
-    return nullptr;
-  }
-  attnres::BackwardArgs a;
-  if (!record_from(record, attnres::kBackwardRecordCapsule, &a)) return nullptr;
-  a.partial_block = pointer<const void>(partial);
-  a.block_res = pointer<const void>(blocks_ptr);
-  a.proj_weight = pointer<const void>(proj);
-  a.norm_weight = pointer<const void>(norm);
-  a.grad_hidden_states = pointer<const void>(grad_hidden);
-  a.inv_norm = pointer<const float>(inv_norm);
-  a.probs = pointer<const float>(probs);
-  a.grad_partial_block = pointer<void>(grad_partial);
-  a.grad_block_res = pointer<void>(grad_blocks);
-  a.grad_proj_weight = pointer<void>(grad_proj);
-  a.grad_norm_weight = pointer<void>(grad_norm);
-  a.chunk_rows = pointer<float>(workspace);
-  Py_BEGIN_ALLOW_THREADS attnres::block_attention_residuals_backward(a, max_threads);
+  void* workspace_address = PyLong_AsVoidPtr(workspace);
+  if (workspace_address == nullptr && PyErr_Occurred()) return nullptr;
+  Py_BEGIN_ALLOW_THREADS launch->run(input_addresses.data(), output_addresses.data(), workspace_address, max_threads);
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }
@@ -255,15 +170,10 @@ PyObject* select_isa_path(PyObject*, PyObject* arg) {
 
 PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
 
-attnres::KernelTable kKernelTable{attnres::block_attention_residuals_forward,
-                                  attnres::block_attention_residuals_backward};
-
 PyMethodDef kMethods[] = {
-    {"forward_record", forward_record, METH_VARARGS, "BlockAttentionResiduals launch record (see op_kernel.native)"},
-    {"backward_record", backward_record, METH_VARARGS,
-     "BlockAttentionResidualsGrad launch record (see op_kernel.native)"},
-    {"forward", forward, METH_VARARGS, "BlockAttentionResiduals kernel (call through op_kernel.native)"},
-    {"backward", backward, METH_VARARGS, "BlockAttentionResidualsGrad kernel (call through op_kernel.native)"},
+    {"record_layouts", record_layouts, METH_NOARGS, "each op's tiling record layout (checked by op_kernel.native)"},
+    {"make_launch", make_launch, METH_VARARGS, "a launch record from a tiling record's bytes (see op_kernel.native)"},
+    {"launch", launch, METH_VARARGS, "run a launch record's kernel (call through op_kernel.native)"},
     {"isa_path", isa_path, METH_NOARGS, "the instruction set the kernels run on"},
     {"known_isa_paths", known_isa_paths, METH_NOARGS, "every instruction set path of this build"},
     {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},
@@ -282,9 +192,13 @@ PyModuleDef kModule = {
 PyMODINIT_FUNC PyInit__native() {
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
+  // Constants the Python side must agree with; op_kernel/native.py asserts it at import.
+  PyObject* dtype_codes = Py_BuildValue("{sisisi}", "float32", static_cast<int>(attnres::DType::kFloat32), "float16",
+                                        static_cast<int>(attnres::DType::kFloat16), "bfloat16",
+                                        static_cast<int>(attnres::DType::kBFloat16));
   if (PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
-      PyModule_AddObject(module, "KERNEL_TABLE", PyCapsule_New(&kKernelTable, attnres::kKernelTableCapsule, nullptr)) <
-          0) {
+      PyModule_AddObject(module, "DTYPE_CODES", dtype_codes) < 0) {
+    Py_XDECREF(dtype_codes);
     Py_DECREF(module);
     return nullptr;
   }

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnres_ge.op_proto import WHERE_GRAPH, AttnResInputError, TensorMeta, get_prototype
+from attnres_ge.ge_plugin.ops import op_for_type
+from attnres_ge.op_proto import WHERE_GRAPH, AttnResInputError, TensorMeta
 
 GRAD = "BlockAttentionResidualsGrad"
 FWD = "BlockAttentionResiduals"
@@ -304,7 +305,7 @@ def infer_cases(op):
 def python_expectation(op, attrs, inputs):
     """(shapes or None, dtypes or None) from the Python prototype; unknown rank [-2] is read as a tensor of the
     prototype's rank with every dim unknown (the rank of each tensor is fixed by the op)."""
-    prototype = get_prototype(op)
+    prototype = op_for_type(op).prototype
     layout = GRAD_LAYOUT if op == GRAD else FWD_LAYOUT
     metas = {}
     for name, (dtype, shape) in inputs.items():
@@ -385,7 +386,7 @@ def test_opdef_equals_upstream(drivers, count):
 
 
 def python_declaration(op):
-    prototype = get_prototype(op)
+    prototype = op_for_type(op).prototype
 
     def params(args):
         return [(a.name, a.presence, sorted(str(d).replace("torch.", "") for d in set(a.dtypes))) for a in args]

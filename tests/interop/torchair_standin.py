@@ -11,7 +11,7 @@ torchair front end runs on a CPU:
 
 What the stand-in does instead of GE:
 - `get_registered_ir_def(op_type)` answers from the project's prototype registry
-  (attnres_ge.op_proto.PROTOTYPES), so torchair's positional `ge.custom_op` and its automatic
+  (the op registry, attnres_ge.ge_plugin.ops), so torchair's positional `ge.custom_op` and its automatic
   converter validate against our declarations;
 - every graph torchair loads is recorded in `LOADED` (a `LoadedGraph`);
 - `run` executes the graph on the project's local GE when it holds only Data, our ops and
@@ -33,7 +33,10 @@ import torch
 
 from attnres_ge.ge_plugin.ge_ir import ModelDef
 from attnres_ge.ge_plugin.local_ge import compile_graph
-from attnres_ge.op_proto import PROTOTYPES, TensorMeta
+from attnres_ge.ge_plugin.ops import OPS
+from attnres_ge.op_proto import TensorMeta
+
+PROTOTYPES = {op.op_type: op.prototype for op in OPS}
 
 MODULE_NAME = "torchair.core._torchair"
 STATUS_OK = "SUCCESS"
@@ -215,7 +218,7 @@ def live_graph(graph_def):
 
 
 def get_registered_ir_def(op_type: str):
-    """(status, inputs, outputs, attrs) of a GE op type, from attnres_ge.op_proto.PROTOTYPES."""
+    """(status, inputs, outputs, attrs) of a GE op type, from the op registry (attnres_ge.ge_plugin.ops)."""
     IR_QUERIES.append(op_type)
     proto = PROTOTYPES.get(op_type)
     if proto is None:

@@ -1,11 +1,13 @@
-"""The host runtime: the two-phase launch an aclnn call makes, shared by eager ops and the local GE.
+"""The launcher: the two-phase launch an aclnn call makes, shared by eager ops and the local GE.
 
     TilingParse once per op type (cached)
     -> plan per input signature (cached): InferDataType/InferShape, then Tiling
     -> outputs and workspace -> the kernel
 
-The process platform starts empty, as an Ascend runtime's does before its first
-launch; Tiling's re-query is what fills it (see tiling_base.resolve_platform).
+Everything per op comes from the OpKernel the caller passes (its prototype, its tiling,
+its kernels); nothing here knows an op by name. The process platform starts empty, as an
+Ascend runtime's does before its first launch; Tiling's re-query is what fills it (see
+tiling_base.resolve_platform).
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
-from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, host_profile
 from attnres_ge.op_host.tiling_base import CompileInfo, TilingResult
-from attnres_ge.op_kernel import KERNELS
-from attnres_ge.op_proto import BACKWARD, FORWARD, OpPrototype, TensorMeta
+from attnres_ge.op_kernel import KERNELS, OpKernel
+from attnres_ge.op_proto import TensorMeta
 from attnres_ge.op_proto.op_def import Checker
 
-PARSERS = {FORWARD.op_type: forward_tiling.parse, BACKWARD.op_type: grad_tiling.parse}
 NO_WORKSPACE = torch.empty(0, dtype=torch.uint8)  # what a launch gets when its plan needs none
 PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T must not grow without bound
 
@@ -34,8 +33,8 @@ PLAN_CACHE_SIZE = 1024  # signatures remembered; a serving loop with ever new T 
 class ShapePlan:
     """Everything a launch needs for one input signature but the tensors."""
 
-    op_type: str
-    dtype: torch.dtype  # of the value inputs
+    op: OpKernel
+    dtype: torch.dtype  # of the value inputs (the first input's)
     outputs: tuple[TensorMeta, ...]  # shapes and dtypes, in prototype order
     attrs: Mapping  # bound attributes (defaults filled in)
     tiling: TilingResult
@@ -46,12 +45,20 @@ class ShapePlan:
         """`launch(inputs, outputs, workspace)` of this plan with the active kernel implementation."""
         launch = self.launches.get(KERNELS.implementation)
         if launch is None:
-            implementation, launch = KERNELS.launch(self.op_type, self.tiling.data, self.dtype)
+            implementation, launch = KERNELS.launch(self.op, self.tiling.data, self.dtype)
             self.launches[implementation] = launch
         return launch
 
+    def repeatable_launch(self) -> tuple | None:
+        """What the ops' C++ entry needs to repeat this plan without Python: (launch record, workspace
+        bytes, [(output shape, dtype), ...]); None unless the native kernels run it."""
+        record = getattr(self.launch(), "record", None)  # native launches carry one
+        if record is None:
+            return None
+        return record, self.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in self.outputs]
 
-def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+
+def _signature(proto, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
     # The attribute's type is part of the key: True == 1 must not reuse a plan validated for a bool.
     return (
         proto.op_type,
@@ -69,25 +76,20 @@ class HostRuntime:
         self._plans: OrderedDict[tuple, ShapePlan] = OrderedDict()
         self._lock = threading.Lock()
 
-    def compile_info(self, op_type: str) -> CompileInfo:
+    def compile_info(self, op: OpKernel) -> CompileInfo:
         """TilingParse, once per op type."""
         with self._lock:
-            if op_type not in self._compile_infos:
-                self._compile_infos[op_type] = PARSERS[op_type](self.platform)
-            return self._compile_infos[op_type]
+            if op.op_type not in self._compile_infos:
+                self._compile_infos[op.op_type] = op.tiling.parse(self.platform)
+            return self._compile_infos[op.op_type]
 
-    def tiling(self, op_type: str, inputs: Mapping[str, TensorMeta], attrs: Mapping) -> TilingResult:
-        """Tiling for these input shapes and bound attributes."""
-        compile_info = self.compile_info(op_type)
-        tokens, blocks, hidden = inputs["block_res"].shape
-        dtype = inputs["partial_block"].dtype
-        if op_type == FORWARD.op_type:
-            return forward_tiling.tiling(compile_info, tokens, blocks, hidden, dtype, attrs["norm_eps"],
-                                         attrs["need_backward"], self.platform)
-        return grad_tiling.tiling(compile_info, tokens, blocks, hidden, dtype, self.platform)
+    def tiling(self, op: OpKernel, inputs: Mapping[str, TensorMeta], attrs: Mapping) -> TilingResult:
+        """Tiling for these input metas and bound attributes."""
+        return op.tiling.tiling(self.compile_info(op), inputs, attrs, self.platform)
 
-    def plan(self, proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping, where: str) -> ShapePlan:
+    def plan(self, op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping, where: str) -> ShapePlan:
         """Validate (InferDataType/InferShape, errors say `where`) and tile, once per input signature."""
+        proto = op.prototype
         try:
             key = _signature(proto, tensors, attrs)
         except AttributeError:  # not a tensor where one belongs: say which
@@ -100,11 +102,10 @@ class HostRuntime:
                 return cached
         metas = proto.input_metas(tensors, where)
         bound, outputs = proto.check(metas, attrs, where)
-        device = metas["partial_block"].device
-        if device is not None and device.type != "cpu":  # the host kernels read the data where it lies
-            Checker(proto.op_type, where).fail(f"the host runtime runs CPU tensors only, got tensors on {device}")
-        dtype = metas["partial_block"].dtype
-        plan = ShapePlan(proto.op_type, dtype, tuple(outputs), bound, self.tiling(proto.op_type, metas, bound))
+        first = metas[proto.inputs[0].name]  # its dtype is the value inputs' (InferDataType checked them)
+        if first.device is not None and first.device.type != "cpu":  # the host kernels read the data where it lies
+            Checker(proto.op_type, where).fail(f"the host runtime runs CPU tensors only, got tensors on {first.device}")
+        plan = ShapePlan(op, first.dtype, tuple(outputs), bound, self.tiling(op, metas, bound))
         with self._lock:
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from attnres_ge.ge_plugin import block_attention_residuals as _ops  # noqa: F401  (registers both torch ops)
-from attnres_ge.ge_plugin import block_attention_residuals_grad as _grad_ops  # noqa: F401
+import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
 
 _FUNCTION = "block_attention_residuals"
 _OP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -1,0 +1,27 @@
+"""What the launcher needs of one op's kernels (each op's kernel module defines its `KERNEL`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnres_ge.op_host.tiling_base import OpTiling
+from attnres_ge.op_proto import OpPrototype
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    """One op's kernels: its host side (prototype, tiling) and its Python kernel, the oracle, called as
+    `python(*inputs, *outputs, workspace, tiling_record)`. Its native kernel is the one the native
+    module registers under the same op type (op_kernel/csrc/native_ops.h)."""
+
+    tiling: OpTiling
+    python: Callable[..., None]
+
+    @property
+    def op_type(self) -> str:
+        return self.tiling.op_type
+
+    @property
+    def prototype(self) -> OpPrototype:
+        return self.tiling.prototype
