@@ -1,0 +1,80 @@
+"""The op registry (ge_plugin/ops.py) and the native side agree: every op has its native kernel, whose
+C++ tiling record is the Python record's to_bytes() field for field; what disagrees is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnres_ge.ge_plugin.converters import local_converters
+from attnres_ge.ge_plugin.ops import OPS, op_for_type
+from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
+from attnres_ge.op_host.tiling_base import TilingRecord
+
+native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
+
+
+def test_every_registered_op_has_a_torch_op_a_converter_and_a_native_kernel():
+    converters = local_converters()
+    assert set(native._native.record_layouts()) == {op.op_type for op in OPS}
+    for op in OPS:
+        overload = getattr(torch.ops.attnres, op.name).default
+        assert overload in converters, f"{op.name} has no converter"
+        assert native._native.record_layouts()[op.op_type] == op.kernel.tiling.record.field_layout()
+
+
+def test_unknown_op_type_names_the_known_ones():
+    with pytest.raises(KeyError, match="BlockAttentionResidualsGrad"):
+        op_for_type("BlockAttentionResidualsGradGrad")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwappedForwardRecord(TilingRecord):
+    """ForwardTilingData's fields with the first two swapped: the same bytes, another meaning."""
+
+    blocks: int
+    tokens: int
+    rows: int
+    hidden: int
+    used_core_num: int
+    former_core_num: int
+    former_core_tokens: int
+    tail_core_tokens: int
+    tokens_per_loop: int
+    h_tile: int
+    h_tile_num: int
+    h_last_tile: int
+    need_backward: int
+    norm_eps: float
+
+
+def test_a_record_that_disagrees_with_the_cpp_struct_is_refused():
+    assert SwappedForwardRecord.field_layout()[0] == ForwardTilingData.field_layout()[0]
+    record = SwappedForwardRecord(2, 4, 3, 32, 1, 0, 4, 4, 1, 32, 1, 32, 1, 1e-6)
+    with pytest.raises(RuntimeError, match="does not match SwappedForwardRecord"):
+        native.launch_record("BlockAttentionResiduals", record, torch.float32)
+
+
+def test_bytes_of_the_wrong_length_or_op_are_refused():
+    with pytest.raises(ValueError, match="a tiling record has 108 bytes, got 10"):
+        native._native.make_launch("BlockAttentionResiduals", 0, b"\0" * 10, 0)
+    with pytest.raises(ValueError, match="no native op Nope"):
+        native._native.make_launch("Nope", 0, b"", 0)
+
+
+def test_a_record_that_does_not_cover_the_tokens_is_refused():
+    record = ForwardTilingData(10, 2, 3, 32, 2, 0, 4, 4, 1, 32, 1, 32, 1, 1e-6)  # 2 cores x 4 tokens != 10
+    with pytest.raises(ValueError, match="does not cover 10 items exactly"):
+        native.launch_record("BlockAttentionResiduals", record, torch.float32)
+
+
+@pytest.mark.parametrize("constant", ["LANES", "DTYPE_CODES"])
+def test_a_build_with_other_constants_is_refused(monkeypatch, constant):
+    if constant == "LANES":
+        monkeypatch.setattr(native, "LANES", 8)
+    else:
+        monkeypatch.setattr(native, "DTYPE_CODES", {torch.float32: 0, torch.float16: 2, torch.bfloat16: 1})
+    with pytest.raises(ImportError, match="built from other sources.*rebuild"):
+        native._check_shared_constants()
