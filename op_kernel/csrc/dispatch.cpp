@@ -15,13 +15,22 @@
 
 namespace attnres {
 
-// The kernels of each instruction set (isa_*.cpp). Declared here only: a declaration seen
-// before an isa_*.cpp target pragma would make the compiler treat the definition as a
-// second, target-specific version of the function.
-#define ATTNRES_DECLARE_KERNELS(isa)                        \
-  namespace isa {                                           \
-  void forward(const ForwardArgs& args, int max_threads);   \
-  void backward(const BackwardArgs& args, int max_threads); \
+// The kernel table of each instruction set (isa_*.cpp): a pointer per op's kernel.
+struct KernelTable {
+#define ATTNRES_KERNEL_FIELD(entry, kernel, Args) void (*kernel)(const Args&, int max_threads);
+  ATTNRES_NATIVE_KERNELS(ATTNRES_KERNEL_FIELD)
+#undef ATTNRES_KERNEL_FIELD
+};
+
+// The kernels of each instruction set, declared here only (a declaration seen before an
+// isa_*.cpp target pragma would make the compiler treat the definition as a second,
+// target-specific version of the function), and the instruction set's table.
+#define ATTNRES_DECLARE_KERNEL(entry, kernel, Args) void kernel(const Args& args, int max_threads);
+#define ATTNRES_TABLE_ENTRY(entry, kernel, Args) kernel,
+#define ATTNRES_DECLARE_KERNELS(isa)                             \
+  namespace isa {                                                \
+  ATTNRES_NATIVE_KERNELS(ATTNRES_DECLARE_KERNEL)                 \
+  const KernelTable kKernels{ATTNRES_NATIVE_KERNELS(ATTNRES_TABLE_ENTRY)}; \
   }
 ATTNRES_DECLARE_KERNELS(scalar)
 #if ATTNRES_X86
@@ -30,18 +39,15 @@ ATTNRES_DECLARE_KERNELS(avx512)
 ATTNRES_DECLARE_KERNELS(avx512bf16)
 #endif
 #undef ATTNRES_DECLARE_KERNELS
+#undef ATTNRES_TABLE_ENTRY
+#undef ATTNRES_DECLARE_KERNEL
 
 namespace {
-
-struct KernelTable {
-  void (*forward)(const ForwardArgs&, int max_threads);
-  void (*backward)(const BackwardArgs&, int max_threads);
-};
 
 struct IsaPath {
   const char* name;
   bool (*supported)();
-  KernelTable kernels;
+  const KernelTable& kernels;
 };
 
 bool always() { return true; }
@@ -68,11 +74,11 @@ bool has_avx512bf16() {
 #endif
 
 const IsaPath kPaths[] = {
-    {"scalar", always, {scalar::forward, scalar::backward}},
+    {"scalar", always, scalar::kKernels},
 #if ATTNRES_X86
-    {"avx2", has_avx2, {avx2::forward, avx2::backward}},
-    {"avx512", has_avx512, {avx512::forward, avx512::backward}},
-    {"avx512bf16", has_avx512bf16, {avx512bf16::forward, avx512bf16::backward}},
+    {"avx2", has_avx2, avx2::kKernels},
+    {"avx512", has_avx512, avx512::kKernels},
+    {"avx512bf16", has_avx512bf16, avx512bf16::kKernels},
 #endif
 };
 
@@ -120,12 +126,10 @@ std::string select_isa_path(const std::string& name) {
   return "unknown path " + name;
 }
 
-void block_attention_residuals_forward(const ForwardArgs& args, int max_threads) {
-  selected().load()->kernels.forward(args, max_threads);
-}
-
-void block_attention_residuals_backward(const BackwardArgs& args, int max_threads) {
-  selected().load()->kernels.backward(args, max_threads);
-}
+// The dispatched entries: each op's kernel on the selected instruction set.
+#define ATTNRES_DISPATCH(entry, kernel, Args) \
+  void entry(const Args& args, int max_threads) { selected().load()->kernels.kernel(args, max_threads); }
+ATTNRES_NATIVE_KERNELS(ATTNRES_DISPATCH)
+#undef ATTNRES_DISPATCH
 
 }  // namespace attnres

@@ -12,8 +12,7 @@ namespace attnres {
 namespace avx2 {
 #include "simd_avx2.h"
 #include "kernel_loops.h"
-#include "forward_kernel.h"
-#include "backward_kernel.h"
+#include "op_kernels.h"
 }  // namespace avx2
 }  // namespace attnres
 #pragma GCC pop_options

@@ -11,8 +11,7 @@ namespace attnres {
 namespace avx512 {
 #include "simd_avx512.h"
 #include "kernel_loops.h"
-#include "forward_kernel.h"
-#include "backward_kernel.h"
+#include "op_kernels.h"
 }  // namespace avx512
 }  // namespace attnres
 #pragma GCC pop_options

@@ -14,8 +14,7 @@ namespace attnres {
 namespace avx512bf16 {
 #include "simd_avx2.h"
 #include "kernel_loops.h"
-#include "forward_kernel.h"
-#include "backward_kernel.h"
+#include "op_kernels.h"
 }  // namespace avx512bf16
 }  // namespace attnres
 #pragma GCC pop_options

@@ -6,7 +6,6 @@ namespace attnres {
 namespace scalar {
 #include "simd_scalar.h"
 #include "kernel_loops.h"
-#include "forward_kernel.h"
-#include "backward_kernel.h"
+#include "op_kernels.h"
 }  // namespace scalar
 }  // namespace attnres

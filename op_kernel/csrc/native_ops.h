@@ -1,5 +1,6 @@
 // The ops of the native kernels: the one list a new op joins (its launch header here, its
-// NativeOp in native_ops()). Everything else iterates it.
+// NativeOp in native_ops(), its kernel in ATTNRES_NATIVE_KERNELS; its kernel header in
+// op_kernels.h). Everything else iterates them.
 
 #pragma once
 
@@ -7,6 +8,13 @@
 
 #include "block_attention_residuals_grad_launch.h"
 #include "block_attention_residuals_launch.h"
+
+// X(dispatched entry, kernel of each instruction set, kernel arguments) for every op: dispatch.cpp
+// builds its per-instruction-set tables and the dispatched entries (declared in the launch
+// headers) from it.
+#define ATTNRES_NATIVE_KERNELS(X)                                 \
+  X(block_attention_residuals_forward, forward, ForwardArgs)      \
+  X(block_attention_residuals_backward, backward, BackwardArgs)
 
 namespace attnres {
 
