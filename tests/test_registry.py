@@ -30,29 +30,17 @@ def test_unknown_op_type_names_the_known_ones():
         op_for_type("BlockAttentionResidualsGradGrad")
 
 
-@dataclasses.dataclass(frozen=True)
-class SwappedForwardRecord(TilingRecord):
+def swapped_forward_record() -> type[TilingRecord]:
     """ForwardTilingData's fields with the first two swapped: the same bytes, another meaning."""
-
-    blocks: int
-    tokens: int
-    rows: int
-    hidden: int
-    used_core_num: int
-    former_core_num: int
-    former_core_tokens: int
-    tail_core_tokens: int
-    tokens_per_loop: int
-    h_tile: int
-    h_tile_num: int
-    h_last_tile: int
-    need_backward: int
-    norm_eps: float
+    fields = [(field.name, field.type) for field in dataclasses.fields(ForwardTilingData)]
+    fields[0], fields[1] = fields[1], fields[0]
+    return dataclasses.make_dataclass("SwappedForwardRecord", fields, bases=(TilingRecord,), frozen=True)
 
 
 def test_a_record_that_disagrees_with_the_cpp_struct_is_refused():
-    assert SwappedForwardRecord.field_layout()[0] == ForwardTilingData.field_layout()[0]
-    record = SwappedForwardRecord(2, 4, 3, 32, 1, 0, 4, 4, 1, 32, 1, 32, 1, 1e-6)
+    swapped = swapped_forward_record()
+    assert swapped.field_layout()[0] == ForwardTilingData.field_layout()[0]
+    record = swapped(2, 4, 3, 32, 1, 0, 4, 4, 1, 32, 1, 32, 1, 1e-6)
     with pytest.raises(RuntimeError, match="does not match SwappedForwardRecord"):
         native.launch_record("BlockAttentionResiduals", record, torch.float32)
 
