@@ -1,5 +1,5 @@
 // Run-time choice of the kernels' instruction set (dispatch.h), and the kernels' entry
-// points that go through it (attnres_native.h).
+// points that go through it (declared in each op's launch header; the list of ops is native_ops.h).
 
 #include "dispatch.h"
 
