@@ -22,7 +22,7 @@ import torch
 from attnres_ge.op_host.platform import PlatformInfo, host_profile
 from attnres_ge.op_host.tiling_base import CompileInfo, TilingResult
 from attnres_ge.op_kernel import KERNELS, OpKernel
-from attnres_ge.op_proto import TensorMeta
+from attnres_ge.op_proto import OpPrototype, TensorMeta
 from attnres_ge.op_proto.op_def import Checker
 
 NO_WORKSPACE = torch.empty(0, dtype=torch.uint8)  # what a launch gets when its plan needs none
@@ -58,7 +58,7 @@ class ShapePlan:
         return record, self.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in self.outputs]
 
 
-def _signature(proto, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
     # The attribute's type is part of the key: True == 1 must not reuse a plan validated for a bool.
     return (
         proto.op_type,

@@ -389,9 +389,10 @@ class GraphNode {
     }
     std::vector<at::Tensor> inputs;
     for (int64_t index : input_order_) inputs.push_back(graph_inputs[index].contiguous());
+    const std::vector<at::Tensor> outputs(buffers.begin(), buffers.end() - 1);
     {
       py::gil_scoped_release no_gil;
-      run(*launch, inputs, buffers, buffers.back());
+      run(*launch, inputs, outputs, buffers.back());
     }
     py::list results;
     for (int64_t index : result_order_) results.append(buffers[index]);

@@ -16,6 +16,7 @@ import torchair_standin
 from interop_helpers import DTYPE_IDS, attr_kinds, compile_and_capture, make_inputs, only_op
 from torchair._ge_concrete_graph.ge_ir_pb2 import DataType as ProtoDataType
 
+from attnres_ge.ge_plugin.ops import OPS
 from attnres_ge.op_proto import BACKWARD, FORWARD
 from attnres_ge.op_proto.export import export_prototypes
 
@@ -67,7 +68,7 @@ def seen_by_torchair(op) -> dict:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    *headers, op_json = export_prototypes(tmp_path_factory.mktemp("proto"))
+    *headers, op_json = export_prototypes([op.prototype for op in OPS], tmp_path_factory.mktemp("proto"))
     reg_ops = {}
     for header in headers:  # one <op>_proto.h per op
         reg_ops.update(parse_reg_ops(header.read_text()))
