@@ -5,6 +5,16 @@
 
 Importing registers torch.ops.attnres.block_attention_residuals and
 torch.ops.attnres.block_attention_residuals_backward.
+
+The subpackages, each importing only those before it (tests/test_layers.py checks it):
+
+    op_proto    GE prototypes (InferDataType/InferShape: every entry point's validation)
+    op_host     platform, TilingParse/Tiling, tiling records
+    op_kernel   CPU kernels (native C++ and the Python oracle), then the launcher above them:
+                plans per input signature, output buffers, the huge-page pool
+    ge_plugin   the op registry (ops.py), torch ops and autograd, graph mode (converters, local GE,
+                torch.compile backend), the NPU dispatch
+    attnres_ge  this entry: the public API (api.py), the CLI and its benchmark; and examples
 """
 
 from attnres_ge._checkout import installed_in_place_of_checkout

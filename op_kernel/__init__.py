@@ -17,9 +17,6 @@ switches.
 once per plan: a `launch(inputs, outputs, workspace)` for tensors the plan already
 guarantees to match (the native one converts the record once and checks no tensor per call).
 
-Layers (each imports only those before it): op_proto (prototypes) -> op_host (platform,
-tiling) -> op_kernel (kernels, then the launcher: plans, buffers, the huge-page pool) ->
-ge_plugin (torch ops, converters, local GE, NPU dispatch; the op registry) -> attnres_ge (public API, CLI).
 """
 
 from __future__ import annotations
