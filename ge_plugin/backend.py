@@ -33,14 +33,17 @@ DYNAMO_BACKEND_NAME = "attnres_ge"
 
 
 class GeGraphCall(nn.Module):
-    """Runs one compiled GE graph in place of an FX node; returns its NetOutput tensors as a tuple."""
+    """Runs one compiled GE graph in place of an FX node; returns its NetOutput tensors as the op did:
+    a tuple, or the tensor itself for an op that returns one."""
 
-    def __init__(self, compiled: CompiledGraph):
+    def __init__(self, compiled: CompiledGraph, single_output: bool):
         super().__init__()
         self.compiled = compiled
+        self.single_output = single_output
 
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.compiled(*tensors))
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        results = self.compiled(*tensors)
+        return results[0] if self.single_output else tuple(results)
 
     def extra_repr(self) -> str:
         return f"graph={self.compiled.graph_def.name!r}"
@@ -90,7 +93,8 @@ class GeBackend:
         compiled = compile_graph(graph_def, self.runtime, self.dump_path)
         self.graphs.append(graph_def)
         module_name = f"ge_{node.name}"
-        gm.add_submodule(module_name, GeGraphCall(compiled))
+        single_output = len(node.target._schema.returns) == 1  # the op returns a Tensor, not a tuple
+        gm.add_submodule(module_name, GeGraphCall(compiled, single_output))
         with gm.graph.inserting_before(node):
             call = gm.graph.call_module(module_name, tuple(tensor_args))
         call.meta = dict(node.meta)

@@ -23,7 +23,8 @@ from types import ModuleType
 import torch
 
 from attnres_ge.ge_plugin import ge as local_ge
-from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, OPS
+from attnres_ge.ge_plugin import ops
+from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE
 
 
 def _overload(namespace: str, op_name: str):
@@ -36,8 +37,9 @@ def _overload(namespace: str, op_name: str):
 
 def _converter_makers() -> list[tuple[object, Callable[[ModuleType], Callable]]]:
     """(torch op overload, converter factory taking a `ge` namespace) for every op loaded now."""
-    pairs = [(_overload(NAMESPACE, op.name), op.converter.make_converter) for op in OPS]
-    pairs += [(_overload(CANN_NAMESPACE, op.name), op.converter.make_cann_converter) for op in OPS]
+    pairs = [(_overload(NAMESPACE, op.name), op.converter.make_converter) for op in ops.OPS]
+    pairs += [(_overload(CANN_NAMESPACE, op.name), op.converter.make_cann_converter) for op in ops.OPS
+              if hasattr(op.converter, "make_cann_converter")]
     return [(op, make) for op, make in pairs if op is not None]
 
 

@@ -55,13 +55,13 @@ def make_npu_kernel(cann_op: Callable) -> Callable:
 
 
 def register_npu_kernels() -> bool:
-    """Register an NPU kernel for every op of the registry; False (and nothing done) off Ascend."""
+    """Register an NPU kernel for every op of the registry that CANN ships; False (and nothing done) off Ascend."""
     if "torch_npu" not in sys.modules:
         return False
     try:
         importlib.import_module(CANN_NAMESPACE)
         cann = getattr(torch.ops, CANN_NAMESPACE)
-        cann_ops = {op.name: getattr(cann, op.name) for op in OPS}
+        cann_ops = {op.name: getattr(cann, op.name) for op in OPS if hasattr(cann, op.name)}
     except (ImportError, AttributeError, RuntimeError):
         return False
     for name, cann_op in cann_ops.items():

@@ -26,8 +26,8 @@ CANN_NAMESPACE = "cann_ops_transformer"  # CANN's own (eager-only) torch ops, of
 class TorchOp:
     """One op as PyTorch and GE graphs see it: its kernels (prototype, tiling), the torch op name
     (`torch.ops.attnres.<name>`, also the name of CANN's own torch op under
-    `torch.ops.cann_ops_transformer`) and its converter module (`make_converter(ge)`,
-    `make_cann_converter(ge)`)."""
+    `torch.ops.cann_ops_transformer` where CANN ships one) and its converter module
+    (`make_converter(ge)`, and `make_cann_converter(ge)` for an op CANN ships)."""
 
     kernel: OpKernel
     name: str
