@@ -23,7 +23,7 @@ import torch
 from attnres_ge.ge_plugin.ops import NAMESPACE, TorchOp
 from attnres_ge.op_kernel import KERNELS, OpKernel
 from attnres_ge.op_kernel.host_memory import empty_output, from_huge_page_pool
-from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, ShapePlan, default_runtime
+from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, default_runtime
 from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
 
 LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -64,8 +64,8 @@ def _first_call(op_name: str, tensors: Sequence[torch.Tensor], attrs: Mapping) -
 def _install_cpp_entry() -> bool:
     try:
         from attnres_ge.ge_plugin import _cpp_entry
-        from attnres_ge.op_kernel import native  # noqa: F401  (its launch records are what the entry runs)
-    except ImportError:  # not built (or no native kernels to launch): the Python registrations stand in
+        from attnres_ge.op_kernel import native  # noqa: F401  (the launch records the entry repeats come from it)
+    except ImportError:  # not built (or no native kernels to repeat): the Python registrations stand in
         return False
     _cpp_entry.install(_first_call, PLAN_CACHE_SIZE)
     KERNELS.switch_listeners.append(_cpp_entry.forget)
@@ -98,5 +98,4 @@ def forget_cached_launches() -> None:
         _cpp_entry.forget()
 
 
-__all__ = ["CPP_ENTRY", "LIBRARY", "ShapePlan", "define_op", "fake_outputs", "forget_cached_launches",
-           "run_eager"]
+__all__ = ["CPP_ENTRY", "LIBRARY", "define_op", "fake_outputs", "forget_cached_launches", "run_eager"]

@@ -1,5 +1,5 @@
-"""The ops of this package: one entry each, which the converters, the local GE, the NPU dispatch,
-the CLI and the benchmark iterate.
+"""The ops of this package: one entry each, which the converters, the local GE, the NPU dispatch
+and the prototype export iterate.
 
 An entry joins an op's layers: its kernels (op_kernel/<op>.py's KERNEL, which carries its
 prototype and tiling), its torch op name and its converter module. Adding an op means writing
