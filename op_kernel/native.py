@@ -11,7 +11,7 @@ already guarantees, they skip the per-tensor checks.
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
-(8 MiB; 4-byte outputs only in the backward), which would leave the caches before anyone
+(8 MiB), which would leave the caches before anyone
 read them anyway (docs/kernels.md, performance notes). ATTNRES_GE_STREAM_MIN_BYTES=N
 changes the threshold; a huge N turns them off.
 
@@ -107,7 +107,7 @@ def forward_record(tiling: ForwardTilingData, dtype: torch.dtype) -> object:
 def backward_record(tiling: BackwardTilingData, dtype: torch.dtype) -> object:
     """The launch record (checked likewise) of a backward tiling."""
     output_bytes = (tiling.blocks + 1) * tiling.tokens * tiling.hidden * dtype.itemsize
-    stream = dtype.itemsize == 4 and output_bytes >= STREAM_MIN_BYTES
+    stream = output_bytes >= STREAM_MIN_BYTES
     return _native.backward_record(
         _dtype_code(dtype), tiling.tokens, tiling.blocks, tiling.hidden,
         tiling.used_core_num, tiling.former_core_num, tiling.former_core_chunks, tiling.tail_core_chunks,
