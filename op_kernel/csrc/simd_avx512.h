@@ -152,4 +152,7 @@ inline void vstream_pair(FP16* p, V16 a, V16 b) {
 }
 inline void stream_fence() { _mm_sfence(); }
 
+// How far ahead pass 1 of the float32 forward prefetches its own rows, beside pass 2's prefetch
+// of the next token: none, which ran that forward faster with these registers (docs/kernels.md).
+constexpr int64_t kFloat32Pass1PrefetchBytes = 0;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
