@@ -13,14 +13,6 @@
 
 namespace {
 
-// Each token prefetches the rows of the token this core takes up a block later, line by line
-// alongside its own, so that the next block's memory reads overlap this block's arithmetic:
-// the 16-bit types in pass 1 (the longer pass, which converts every value to float64), float32
-// in pass 2, where pass 1 may prefetch its own rows kFloat32Pass1PrefetchBytes ahead as well
-// (simd_*.h). Each choice measured fastest on an AVX-512 Xeon (docs/performance.md).
-template <typename T>
-constexpr bool kPrefetchInPass1 = sizeof(T) == 2;
-
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
 // next_rows (or null): rows whose lines at h are prefetched (pass 2 itself reads only from
 // cache).
@@ -120,7 +112,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
         for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
         const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
-        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {
+        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {  // its own rows ahead instead (simd_*.h)
           for (int64_t i = 0; i < rows; ++i) next_rows[i] = token_rows[i] + kFloat32Pass1PrefetchBytes / 4;
           next = next_rows.data();
         }

@@ -57,6 +57,13 @@ inline void store_groups(T* p, const V16* groups) {
   }
 }
 
+// Both kernels prefetch the value rows of the token a core takes up a block later, line by line
+// beside its own, so that the next block's memory reads overlap this block's arithmetic: the
+// 16-bit types in pass 1 (the longer pass, which converts every value to float64), float32 in
+// pass 2. Each measured fastest on an AVX-512 Xeon (docs/kernels.md, performance notes).
+template <typename T>
+constexpr bool kPrefetchInPass1 = sizeof(T) == 2;
+
 // A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
 template <typename T>
 inline V16 vload_partial(const T* p, int64_t n) {
