@@ -112,7 +112,9 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
         for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
         const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
-        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {  // its own rows ahead instead (simd_*.h)
+        // Float32 may prefetch its own rows ahead instead (simd_*.h); a prefetch never faults, so
+        // lines past the end of the buffer are harmless.
+        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {
           for (int64_t i = 0; i < rows; ++i) next_rows[i] = token_rows[i] + kFloat32Pass1PrefetchBytes / 4;
           next = next_rows.data();
         }

@@ -151,7 +151,9 @@ inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* 
     dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
                           y_lanes[i + 1], next_rows ? next_rows[i] : nullptr, next_rows ? next_rows[i + 1] : nullptr);
   }
-  if (i < row_num) dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], next_rows ? next_rows[i] : nullptr);
+  if (i < row_num) {
+    dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], next_rows ? next_rows[i] : nullptr);
+  }
 }
 
 
