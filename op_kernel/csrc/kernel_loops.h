@@ -89,15 +89,16 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
 // sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
 // not per row) in the lane layout of T, zero padded to a multiple of 16.
-// next_v (or null): a row whose line at h each step prefetches (the same row of a token taken up
-// later), so that its memory reads overlap this pass's arithmetic.
+// next_v (or null): a row whose line at h each step prefetches into L2 (the same row of a token
+// taken up later, or this row further on), so that its memory reads overlap this pass's
+// arithmetic. Into L2 only: the forward measured 2-4% faster so than into L1 (docs/kernels.md).
 template <bool kSquares, typename T>
 inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
                         D16& y_lanes, const T* next_v = nullptr) {
   D16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
-    if (next_v != nullptr) prefetch(next_v + h);
+    if (next_v != nullptr) prefetch_l2(next_v + h);
     const D16 value = widen(vload(v + h));
     xs = dfma(value, kSquares ? value : dload(x + h), xs);
     ys = dfma(value, dload(w + h), ys);
@@ -120,8 +121,8 @@ inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
     if (next_a != nullptr) {
-      prefetch(next_a + h);
-      prefetch(next_b + h);
+      prefetch_l2(next_a + h);
+      prefetch_l2(next_b + h);
     }
     const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = dload(w + h);
     D16 xv;

@@ -156,3 +156,5 @@ inline void stream_fence() { _mm_sfence(); }
 // of the next token: none, which ran that forward faster with these registers (docs/kernels.md).
 constexpr int64_t kFloat32Pass1PrefetchBytes = 0;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// The same into L2 only, for lines needed after this pass rather than within it.
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
