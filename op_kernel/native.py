@@ -12,9 +12,8 @@ tiling record first (tests and tools call kernels that way).
 
 Streaming (non-temporal) stores write an output without first reading its cache
 lines (no read-for-ownership). They are used for outputs of at least STREAM_MIN_BYTES
-(8 MiB; 4-byte outputs only in the backward), which would leave the caches before anyone
-read them anyway (docs/kernels.md). ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold;
-a huge N turns them off.
+(8 MiB), which would leave the caches before anyone read them anyway (docs/kernels.md).
+ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold; a huge N turns them off.
 
 The kernels are compiled for several instruction sets and run on the fastest the CPU has
 (`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import

@@ -53,8 +53,9 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, c
       w_v[g] = vload(w + h + g * kLanes);
       acc[g] = vload(chunk_row + h + g * kLanes);
     }
-    if (next_v != nullptr) {  // one 64-byte line of each row per step (fp32: 1 group, 16-bit: 2)
-      if (r0 == 0) prefetch(next_go + h);
+    // One 64-byte line of each row per step (fp32: 1 group, 16-bit: 2).
+    if (r0 == 0 && next_go != nullptr) prefetch(next_go + h);
+    if (next_v != nullptr) {
       for (int j = 0; j < K; ++j) prefetch(next_v[r0 + j] + h);
     }
     for (int j = 0; j < K; ++j) {
@@ -154,6 +155,14 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     int64_t first, last;
     core_range(core, args.former_core_num, args.former_core_chunks, args.tail_core_chunks, &first, &last);
     const int64_t core_stop = std::min(last * args.chunk_tokens, args.tokens);  // this core's last token + 1
+    // The value rows of token t + block_tokens (the same place in this core's next block), or null.
+    const auto rows_to_prefetch = [&](int64_t t) -> const T* const* {
+      if (t + block_tokens >= core_stop) return nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
+      }
+      return next_rows.data();
+    };
     for (int64_t chunk = first; chunk < last; ++chunk) {
       std::fill(chunk_sum.data(), chunk_sum.data() + hidden_pad, 0.0f);
       const int64_t chunk_stop = std::min((chunk + 1) * args.chunk_tokens, args.tokens);
@@ -170,9 +179,10 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           }
           for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = dzero();
           to_wide_lane_layout(grad_hidden + t * hidden, hidden, go_wide.data());
+          const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
-                                  tiles.end(tile), g_lanes.data(), wv_lanes.data());
+                                  tiles.end(tile), g_lanes.data(), wv_lanes.data(), next);
           }
           const RowCoefficients k{coefficients.data() + b * rows,
                                   coefficients.data() + (block_tokens + b) * rows,
@@ -189,13 +199,8 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           const T* const* token_rows = row_ptrs.data() + b * rows;
           T* const* token_grads = grad_ptrs.data() + b * rows;
           to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
-          const int64_t next_t = t + block_tokens;  // the same place in this core's next block
-          const bool prefetch_next = next_t < core_stop;
-          if (prefetch_next) {
-            for (int64_t i = 0; i < rows; ++i) next_rows[i] = value_row(block_res, partial_block, next_t, i, blocks, hidden);
-          }
-          const T* const* next = prefetch_next ? next_rows.data() : nullptr;
-          const T* next_go = prefetch_next ? grad_hidden + next_t * hidden : nullptr;
+          const T* const* next = kPrefetchInPass1<T> ? nullptr : rows_to_prefetch(t);
+          const T* next_go = t + block_tokens < core_stop ? grad_hidden + (t + block_tokens) * hidden : nullptr;
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             if (stream) {
               grad_tile<true>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),

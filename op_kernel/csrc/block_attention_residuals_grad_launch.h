@@ -70,9 +70,8 @@ inline std::unique_ptr<LaunchRecord> make_backward_launch(const void* bytes, DTy
   }
   if (!problem->empty()) return nullptr;
   args.dtype = dtype;
-  // 16-bit gradients gained nothing from streaming stores (docs/performance.md).
   const int64_t output_bytes = (args.blocks + 1) * args.tokens * args.hidden * dtype_bytes(dtype);
-  args.stream_stores = dtype_bytes(dtype) == 4 && output_bytes >= stream_min_bytes;
+  args.stream_stores = output_bytes >= stream_min_bytes;
   return std::make_unique<KernelLaunch<BackwardArgs>>(args);
 }
 

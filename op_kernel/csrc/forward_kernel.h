@@ -13,15 +13,9 @@
 
 namespace {
 
-// How far ahead pass 1 prefetches the value rows: far enough that the memory reads of
-// the next rows are in flight while this one is computed (docs/kernels.md, performance
-// notes). The backward's pass 1, with more arithmetic per byte, does not prefetch.
-constexpr int64_t kPass1PrefetchBytes = 16 * 1024;
-
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
-// next_rows (or null): the rows of the token this core takes up a block later; their
-// lines at h are prefetched, so the memory reads of the next block overlap this
-// pass's arithmetic (pass 2 reads only from cache).
+// next_rows (or null): rows whose lines at h are prefetched (pass 2 itself reads only from
+// cache).
 template <int G, bool kStream, typename T>
 inline void weighted_sum_groups(const T* const* rows, const T* const* next_rows, const float* p, int64_t row_num,
                                 int64_t h, T* out) {
@@ -91,7 +85,6 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                     w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
-  const int64_t prefetch_ahead = kPass1PrefetchBytes / static_cast<int64_t>(sizeof(T));
 
   // One task per core of the tiling; scratch is the task's own.
   const auto core_task = [&](int64_t core) {
@@ -103,6 +96,14 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
     int64_t start, stop;
     core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
+    // The rows of token t + block_tokens (the same place in this core's next block), or null.
+    const auto rows_to_prefetch = [&](int64_t t) -> const T* const* {
+      if (t + block_tokens >= stop) return nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
+      }
+      return next_rows.data();
+    };
     for (int64_t t0 = start; t0 < stop; t0 += block_tokens) {
       const int64_t t1 = std::min(t0 + block_tokens, stop);
       // Pass 1: lanes carried across the hidden tiles, reduced once per row.
@@ -110,9 +111,16 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         const T** token_rows = row_ptrs.data() + (t - t0) * rows;
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
         for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
+        const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
+        // Float32 may prefetch its own rows ahead instead (simd_*.h); a prefetch never faults, so
+        // lines past the end of the buffer are harmless.
+        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {
+          for (int64_t i = 0; i < rows; ++i) next_rows[i] = token_rows[i] + kFloat32Pass1PrefetchBytes / 4;
+          next = next_rows.data();
+        }
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
-                               tiles.end(tile), square_lanes.data(), score_lanes.data(), prefetch_ahead);
+                               tiles.end(tile), square_lanes.data(), score_lanes.data(), next);
         }
         norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
                           inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
@@ -121,13 +129,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
       for (int64_t t = t0; t < t1; ++t) {
         const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
         const float* p = probs.data() + (t - t0) * rows;
-        const bool prefetch_next = t + block_tokens < stop;  // the same place in this core's next block
-        if (prefetch_next) {
-          for (int64_t i = 0; i < rows; ++i) {
-            next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
-          }
-        }
-        const T* const* next = prefetch_next ? next_rows.data() : nullptr;
+        const T* const* next = kPrefetchInPass1<T> ? nullptr : rows_to_prefetch(t);
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (stream) {
             weighted_sum_tile<true>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),

@@ -7,7 +7,6 @@
 #if ATTNRES_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#define ATTNRES_AVX2_BF16 0
 namespace attnres {
 namespace avx2 {
 #include "simd_avx2.h"

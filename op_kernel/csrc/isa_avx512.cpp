@@ -7,6 +7,7 @@
 #if ATTNRES_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+#define ATTNRES_AVX512_BF16 0
 namespace attnres {
 namespace avx512 {
 #include "simd_avx512.h"

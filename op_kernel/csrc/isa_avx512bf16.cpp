@@ -1,18 +1,18 @@
-// The kernels for AVX2 + FMA + F16C with AVX512-BF16 conversions to bfloat16 (which need
-// AVX-512 F, BW, VL and DQ): attnres::avx512bf16::forward/backward. The arithmetic stays on
-// 256-bit registers: 512-bit ones did not make the bfloat16 backward faster (docs/kernels.md,
-// performance notes). Only what follows the pragma is compiled for those
-// instructions (isa_common.h says why); dispatch.cpp calls it only on a CPU that has them.
+// The kernels for AVX-512 (F, BW, VL) with AVX512-BF16 conversions to bfloat16 (which need
+// AVX-512 DQ too): attnres::avx512bf16::forward/backward. The same 512-bit code as the avx512
+// path; only the packing of bfloat16 outputs differs (simd_avx512.h). Only what follows the
+// pragma is compiled for those instructions (isa_common.h says why); dispatch.cpp calls it
+// only on a CPU that has them.
 
 #include "isa_common.h"
 
 #if ATTNRES_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#define ATTNRES_AVX2_BF16 1
+#define ATTNRES_AVX512_BF16 1
 namespace attnres {
 namespace avx512bf16 {
-#include "simd_avx2.h"
+#include "simd_avx512.h"
 #include "kernel_loops.h"
 #include "op_kernels.h"
 }  // namespace avx512bf16

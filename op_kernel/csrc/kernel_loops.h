@@ -57,6 +57,13 @@ inline void store_groups(T* p, const V16* groups) {
   }
 }
 
+// Both kernels prefetch the value rows of the token a core takes up a block later, line by line
+// beside its own, so that the next block's memory reads overlap this block's arithmetic: the
+// 16-bit types in pass 1 (the longer pass, which converts every value to float64), float32 in
+// pass 2. Each measured fastest on an AVX-512 Xeon (docs/kernels.md, performance notes).
+template <typename T>
+constexpr bool kPrefetchInPass1 = sizeof(T) == 2;
+
 // A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
 template <typename T>
 inline V16 vload_partial(const T* p, int64_t n) {
@@ -82,17 +89,16 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
 // sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
 // not per row) in the lane layout of T, zero padded to a multiple of 16.
-// ahead (elements, 0 for none): each step prefetches v[h + ahead]. The rows of consecutive
-// tokens follow one another in memory, so a distance of a few KiB keeps the memory reads of
-// this pass in flight while it computes (the hardware prefetcher alone falls behind). A
-// prefetch never faults, so running past the end of a row or buffer is harmless.
+// next_v (or null): a row whose line at h each step prefetches into L2 (the same row of a token
+// taken up later, or this row further on), so that its memory reads overlap this pass's
+// arithmetic. Into L2 only: the forward measured 2-4% faster so than into L1 (docs/kernels.md).
 template <bool kSquares, typename T>
 inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
-                        D16& y_lanes, int64_t ahead = 0) {
+                        D16& y_lanes, const T* next_v = nullptr) {
   D16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
-    if (ahead != 0) prefetch(v + h + ahead);
+    if (next_v != nullptr) prefetch_l2(next_v + h);
     const D16 value = widen(vload(v + h));
     xs = dfma(value, kSquares ? value : dload(x + h), xs);
     ys = dfma(value, dload(w + h), ys);
@@ -110,13 +116,13 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
 // exactly the operations dot_lanes_1 would apply.
 template <bool kSquares, typename T>
 inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w, int64_t h0, int64_t h1, D16& xa,
-                        D16& ya, D16& xb, D16& yb, int64_t ahead = 0) {
+                        D16& ya, D16& xb, D16& yb, const T* next_a = nullptr, const T* next_b = nullptr) {
   D16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
-    if (ahead != 0) {
-      prefetch(a + h + ahead);
-      prefetch(b + h + ahead);
+    if (next_a != nullptr) {
+      prefetch_l2(next_a + h);
+      prefetch_l2(next_b + h);
     }
     const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = dload(w + h);
     D16 xv;
@@ -136,16 +142,19 @@ inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w
   }
 }
 
-// All rows of one token over [h0, h1), two rows at a time.
+// All rows of one token over [h0, h1), two rows at a time; next_rows (or null): rows to prefetch,
+// next_rows[i] alongside rows[i].
 template <bool kSquares, typename T>
 inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* x, const double* w, int64_t h0,
-                           int64_t h1, D16* x_lanes, D16* y_lanes, int64_t ahead = 0) {
+                           int64_t h1, D16* x_lanes, D16* y_lanes, const T* const* next_rows = nullptr) {
   int64_t i = 0;
   for (; i + 2 <= row_num; i += 2) {
     dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
-                          y_lanes[i + 1], ahead);
+                          y_lanes[i + 1], next_rows ? next_rows[i] : nullptr, next_rows ? next_rows[i + 1] : nullptr);
   }
-  if (i < row_num) dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], ahead);
+  if (i < row_num) {
+    dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], next_rows ? next_rows[i] : nullptr);
+  }
 }
 
 

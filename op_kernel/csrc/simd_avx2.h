@@ -1,6 +1,5 @@
 // V16, the 16 float32 lanes, with AVX2, FMA and F16C: two 8-wide registers. Included by
-// isa_avx2.cpp and isa_avx512bf16.cpp inside their namespaces, after their target pragmas;
-// ATTNRES_AVX2_BF16 (1 or 0) says whether AVX512-BF16 converts to bfloat16.
+// isa_avx2.cpp inside its namespace, after its target pragma.
 
 struct V16 {
   __m256 lo, hi;
@@ -76,23 +75,7 @@ inline __m256i pack_bf16_integer(V16 v) {
   return _mm256_blend_epi16(_mm256_srli_epi32(bf16_high_bits(v.lo), 16), bf16_high_bits(v.hi), 0xaa);
 }
 
-#if ATTNRES_AVX2_BF16
-// With AVX512-BF16 (and VL, DQ) on these 256-bit registers: vcvtneps2bf16 rounds to nearest
-// even like from_float<BF16>, but flushes subnormal inputs to zero and keeps a NaN's sign and
-// payload; a group holding either (vfpclassps: quiet or signalling NaN, subnormal) takes the
-// integer rounding instead, so the bits never differ. The 8 even and 8 odd elements are
-// then interleaved into memory order.
-inline __m256i pack_bf16(V16 v) {
-  constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;
-  if ((_mm256_fpclass_ps_mask(v.lo, kNanOrSubnormal) | _mm256_fpclass_ps_mask(v.hi, kNanOrSubnormal)) != 0) {
-    return pack_bf16_integer(v);
-  }
-  const __m128i even = (__m128i)_mm256_cvtneps_pbh(v.lo), odd = (__m128i)_mm256_cvtneps_pbh(v.hi);
-  return _mm256_set_m128i(_mm_unpackhi_epi16(even, odd), _mm_unpacklo_epi16(even, odd));
-}
-#else
 inline __m256i pack_bf16(V16 v) { return pack_bf16_integer(v); }
-#endif
 
 inline __m256i pack_fp16(V16 v) {
   return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
@@ -128,4 +111,9 @@ inline void vstream_pair(T* p, V16 a, V16 b) {
 
 inline void stream_fence() { _mm_sfence(); }
 
+// How far ahead pass 1 of the float32 forward prefetches its own rows, beside pass 2's prefetch
+// of the next token: with these registers it made that forward faster (docs/kernels.md).
+constexpr int64_t kFloat32Pass1PrefetchBytes = 16 * 1024;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// The same into L2 only, for lines needed after this pass rather than within it.
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }

@@ -1,5 +1,6 @@
 // V16, the 16 float32 lanes, with AVX-512 (F, BW, VL): one 512-bit register. Included by
-// isa_avx512.cpp inside its namespace, after its target pragma.
+// isa_avx512.cpp and isa_avx512bf16.cpp inside their namespaces, after their target pragmas;
+// ATTNRES_AVX512_BF16 (1 or 0) says whether AVX512-BF16 (with DQ) converts to bfloat16.
 // The lanes hold the same elements as on the other instruction sets (lane_element), so
 // every operation gives their bits.
 
@@ -88,10 +89,34 @@ inline __m512i pack_bf16_pair_integer(__m512 a, __m512 b) {
   return _mm512_permutex2var_epi16(bf16_rounded_lanes(a), order, bf16_rounded_lanes(b));
 }
 
-// Packed by integer rounding; the AVX512-BF16 conversion is the avx512bf16 path's, on 256-bit
-// registers (isa_avx512bf16.cpp).
+#if ATTNRES_AVX512_BF16
+// With AVX512-BF16: vcvtne2ps2bf16 rounds to nearest even like from_float<BF16>, but flushes
+// subnormal inputs to zero and keeps a NaN's sign and payload; groups holding either
+// (vfpclassps: quiet or signalling NaN, subnormal) take the integer rounding instead, so the
+// bits never differ. The converted words come in lane order and are put in memory order by
+// one permutation: kBf16LaneWords picks, for word e of a stored group, lane 0,8,1,9,..,7,15.
+constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;
+alignas(32) constexpr uint16_t kBf16LaneWords[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+// The same for two groups converted together (_mm512_cvtne2ps_pbh(a, b) puts b's words first).
+alignas(64) constexpr uint16_t kBf16PairLaneWords[32] = {16, 24, 17, 25, 18, 26, 19, 27, 20, 28, 21,
+                                                          29, 22, 30, 23, 31, 0,  8,  1,  9,  2,  10,
+                                                          3,  11, 4,  12, 5,  13, 6,  14, 7,  15};
+inline __m256i pack_bf16(V16 x) {
+  if (_mm512_fpclass_ps_mask(x.v, kNanOrSubnormal) != 0) return pack_bf16_integer(x.v);
+  const __m256i lanes = (__m256i)_mm512_cvtneps_pbh(x.v);
+  return _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(kBf16LaneWords)), lanes);
+}
+inline __m512i pack_bf16_pair(V16 a, V16 b) {
+  if ((_mm512_fpclass_ps_mask(a.v, kNanOrSubnormal) | _mm512_fpclass_ps_mask(b.v, kNanOrSubnormal)) != 0) {
+    return pack_bf16_pair_integer(a.v, b.v);
+  }
+  const __m512i lanes = (__m512i)_mm512_cvtne2ps_pbh(a.v, b.v);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kBf16PairLaneWords), lanes);
+}
+#else
 inline __m256i pack_bf16(V16 x) { return pack_bf16_integer(x.v); }
 inline __m512i pack_bf16_pair(V16 a, V16 b) { return pack_bf16_pair_integer(a.v, b.v); }
+#endif
 
 inline __m256i pack_fp16(V16 x) { return _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT); }
 
@@ -127,4 +152,9 @@ inline void vstream_pair(FP16* p, V16 a, V16 b) {
 }
 inline void stream_fence() { _mm_sfence(); }
 
+// How far ahead pass 1 of the float32 forward prefetches its own rows, beside pass 2's prefetch
+// of the next token: none, which ran that forward faster with these registers (docs/kernels.md).
+constexpr int64_t kFloat32Pass1PrefetchBytes = 0;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// The same into L2 only, for lines needed after this pass rather than within it.
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
