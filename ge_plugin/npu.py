@@ -55,7 +55,7 @@ def make_npu_kernel(cann_op: Callable) -> Callable:
 
 
 def register_npu_kernels() -> bool:
-    """Register an NPU kernel for every op of the registry that CANN ships; False (and nothing done) off Ascend."""
+    """Register an NPU kernel for every op of the registry that CANN ships; False when none was (off Ascend)."""
     if "torch_npu" not in sys.modules:
         return False
     try:
@@ -66,4 +66,4 @@ def register_npu_kernels() -> bool:
         return False
     for name, cann_op in cann_ops.items():
         torch.library.register_kernel(f"{NAMESPACE}::{name}", "npu", make_npu_kernel(cann_op))
-    return True
+    return bool(cann_ops)
