@@ -40,6 +40,7 @@ HEADERS = sorted(glob.glob("op_kernel/csrc/*.h"))  # rebuilt when one changes; s
 # headers, so it takes longer to build; it runs the launch records _native hands out in capsules.
 ENTRY_MODULE = "attnres_ge.ge_plugin._cpp_entry"
 ENTRY_SOURCES = ["ge_plugin/csrc/cpp_entry.cpp"]
+ENTRY_HEADERS = sorted(glob.glob("ge_plugin/csrc/*.h"))
 WITHOUT = {  # what a failed build of each extension means
     NATIVE_MODULE: "the Python kernels will be used",
     ENTRY_MODULE: "the ops' Python entry will run every call",
@@ -104,7 +105,7 @@ def _native_build():
     entry = CppExtension(
         ENTRY_MODULE,
         ENTRY_SOURCES,
-        depends=HEADERS,
+        depends=HEADERS + ENTRY_HEADERS,
         extra_compile_args={"cxx": ["-O2"]},
     )
     return [kernels, entry], {"build_ext": OptionalBuildExtension}
