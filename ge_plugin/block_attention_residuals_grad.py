@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin import torch_formulas
+from attnres_ge.ge_plugin import cpp_entry, torch_formulas
 from attnres_ge.ge_plugin.block_attention_residuals import _vmap_loop, statistics_backward
 from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
 from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS_GRAD as OP
@@ -106,9 +106,7 @@ def _functorch(*tensors, valid_block_num=0):
 define_op(OP, SCHEMA, _fake, _cpu)
 LIBRARY.impl(NAME, _functorch, "FuncTorchDynamicLayerFrontMode")
 if CPP_ENTRY:  # the C++ Autograd kernels of both ops; they call these for the derivatives the kernels do not compute
-    from attnres_ge.ge_plugin import _cpp_entry
-
-    _cpp_entry.set_autograd_formulas(statistics_backward, differentiable_backward)
-    _cpp_entry.register_autograd()
+    cpp_entry.MODULE.set_autograd_formulas(statistics_backward, differentiable_backward)
+    cpp_entry.MODULE.register_autograd()
 else:
     LIBRARY.impl(NAME, _autograd, "Autograd")

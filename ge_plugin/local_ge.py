@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from google.protobuf import text_format
 
-from attnres_ge.ge_plugin import ge_attr
+from attnres_ge.ge_plugin import cpp_entry, ge_attr
 from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
 from attnres_ge.ge_plugin.ops import op_for_type
@@ -44,10 +44,8 @@ from attnres_ge.op_kernel.buffer_pool import BufferPool
 from attnres_ge.op_kernel.launcher import HostRuntime, ShapePlan, default_runtime
 from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta
 
-try:  # the ops' C++ entry: a compiled node of one op runs its planned signatures without Python
-    from attnres_ge.ge_plugin._cpp_entry import GraphNode
-except ImportError:
-    GraphNode = None
+# With the ops' C++ entry, a compiled node of one op runs its planned signatures without Python.
+GraphNode = cpp_entry.MODULE.GraphNode if cpp_entry.MODULE is not None else None
 
 DATA, NET_OUTPUT = "Data", "NetOutput"
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.ops import NAMESPACE, TorchOp
 from attnres_ge.op_kernel import KERNELS, OpKernel
 from attnres_ge.op_kernel.host_memory import empty_output, from_huge_page_pool
@@ -62,13 +63,10 @@ def _first_call(op_name: str, tensors: Sequence[torch.Tensor], attrs: Mapping) -
 
 
 def _install_cpp_entry() -> bool:
-    try:
-        from attnres_ge.ge_plugin import _cpp_entry
-        from attnres_ge.op_kernel import native  # noqa: F401  (the launch records the entry repeats come from it)
-    except ImportError:  # not built (or no native kernels to repeat): the Python registrations stand in
+    if cpp_entry.MODULE is None:
         return False
-    _cpp_entry.install(_first_call, PLAN_CACHE_SIZE)
-    KERNELS.switch_listeners.append(_cpp_entry.forget)
+    cpp_entry.MODULE.install(_first_call, PLAN_CACHE_SIZE)
+    KERNELS.switch_listeners.append(cpp_entry.MODULE.forget)
     return True
 
 
@@ -82,9 +80,7 @@ def define_op(op: TorchOp, schema: str, fake: Callable, python_cpu: Callable) ->
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
     _eager_ops[op.name] = op.kernel
     if CPP_ENTRY:
-        from attnres_ge.ge_plugin import _cpp_entry
-
-        _cpp_entry.register_eager(op.name)
+        cpp_entry.MODULE.register_eager(op.name)
     else:
         LIBRARY.impl(op.name, python_cpu, "CPU")
 
@@ -93,9 +89,7 @@ def forget_cached_launches() -> None:
     """Make the C++ entry ask the Python one again for every signature (e.g. after replacing the process
     runtime); nothing to do without it."""
     if CPP_ENTRY:
-        from attnres_ge.ge_plugin import _cpp_entry
-
-        _cpp_entry.forget()
+        cpp_entry.MODULE.forget()
 
 
 __all__ = ["CPP_ENTRY", "LIBRARY", "define_op", "fake_outputs", "forget_cached_launches", "run_eager"]

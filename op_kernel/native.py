@@ -41,10 +41,11 @@ REBUILD_HINT = "rebuild it: pip install --no-build-isolation -e ."
 
 def _check_shared_constants() -> None:
     """The constants both languages use must agree: a stale build of _native must not run."""
-    native_codes = {getattr(torch, name): code for name, code in _native.DTYPE_CODES.items()}
-    if _native.LANES != LANES or native_codes != DTYPE_CODES:
-        raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {_native.LANES}, "
-                          f"dtype codes {_native.DTYPE_CODES}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
+    lanes, codes = getattr(_native, "LANES", None), getattr(_native, "DTYPE_CODES", None)  # absent: an older build
+    native_codes = {getattr(torch, name): code for name, code in (codes or {}).items()}
+    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "make_launch"):
+        raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {lanes}, dtype codes "
+                          f"{codes}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
 
 
 _check_shared_constants()

@@ -4,10 +4,14 @@ C++ tiling record is the Python record's to_bytes() field for field; what disagr
 from __future__ import annotations
 
 import dataclasses
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from attnres_ge import ge_plugin
+from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.converters import local_converters
 from attnres_ge.ge_plugin.ops import OPS, op_for_type
 from attnres_ge.op_host.block_attention_residuals_tiling import ForwardTilingData
@@ -65,4 +69,19 @@ def test_a_build_with_other_constants_is_refused(monkeypatch, constant):
     else:
         monkeypatch.setattr(native, "DTYPE_CODES", {torch.float32: 0, torch.float16: 2, torch.bfloat16: 1})
     with pytest.raises(ImportError, match="built from other sources.*rebuild"):
+        native._check_shared_constants()
+
+
+def test_a_cpp_entry_built_from_other_sources_is_not_used(monkeypatch):
+    """A failed rebuild leaves the previous extension in place: it is set aside with a warning, not called."""
+    stale = SimpleNamespace(__file__="_cpp_entry.so", install=lambda *args: None)  # no INTERFACE_VERSION
+    monkeypatch.setitem(sys.modules, "attnres_ge.ge_plugin._cpp_entry", stale)
+    monkeypatch.setattr(ge_plugin, "_cpp_entry", stale, raising=False)
+    with pytest.warns(RuntimeWarning, match="built from other sources and is not used"):
+        assert cpp_entry._load() is None
+
+
+def test_a_native_build_without_the_record_interface_is_refused(monkeypatch):
+    monkeypatch.setattr(native, "_native", SimpleNamespace(LANES=16))  # an older build: no DTYPE_CODES
+    with pytest.raises(ImportError, match="built from other sources"):
         native._check_shared_constants()

@@ -428,6 +428,8 @@ size_t cached_launches() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
+  // What Python checks before using this module: a build of other sources is not used.
+  module.attr("INTERFACE_VERSION") = 2;
   module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"));
   module.def("register_eager", &register_eager, py::arg("op_name"));
   module.def("register_autograd", &register_autograd);
