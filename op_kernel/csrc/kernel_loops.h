@@ -25,6 +25,20 @@ inline void parallel_tasks(int64_t tasks, int max_threads, const Body& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
+// Two consecutive groups (32 elements of a 16-bit type), stored group by group. An instruction set
+// that converts a pair at once declares its own vstore_pair/vstream_pair for that type in its
+// simd_*.h; being no template, it is the one a call picks.
+template <typename T>
+inline void vstore_pair(T* p, V16 a, V16 b) {
+  vstore(p, a);
+  vstore(p + 16, b);
+}
+template <typename T>
+inline void vstream_pair(T* p, V16 a, V16 b) {
+  vstream(p, a);
+  vstream(p + 16, b);
+}
+
 // One 64-byte line of a row from its groups: two for the 16-bit types (converted together
 // where the instruction set can), one for float32.
 template <bool kStream, typename T>

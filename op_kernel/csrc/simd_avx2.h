@@ -97,17 +97,6 @@ inline void vstream(float* p, V16 v) {
 }
 inline void vstream(BF16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(v)); }
 inline void vstream(FP16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(v)); }
-// Two consecutive groups (32 elements of a 16-bit type).
-template <typename T>
-inline void vstore_pair(T* p, V16 a, V16 b) {
-  vstore(p, a);
-  vstore(p + 16, b);
-}
-template <typename T>
-inline void vstream_pair(T* p, V16 a, V16 b) {
-  vstream(p, a);
-  vstream(p + 16, b);
-}
 
 inline void stream_fence() { _mm_sfence(); }
 

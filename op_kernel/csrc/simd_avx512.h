@@ -134,21 +134,13 @@ inline void vstream(float* p, V16 x) {
 inline void vstream(BF16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_bf16(x)); }
 inline void vstream(FP16* p, V16 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack_fp16(x)); }
 
-// Two consecutive groups (32 elements of a 16-bit type). Streaming halves: p is only known to be
-// 32-byte aligned.
+// Two consecutive bfloat16 groups converted together (kernel_loops.h stores other pairs group by
+// group). Streaming halves: p is only known to be 32-byte aligned.
 inline void vstore_pair(BF16* p, V16 a, V16 b) { _mm512_storeu_si512(p, pack_bf16_pair(a, b)); }
 inline void vstream_pair(BF16* p, V16 a, V16 b) {
   const __m512i packed = pack_bf16_pair(a, b);
   _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
   _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 16), _mm512_extracti64x4_epi64(packed, 1));
-}
-inline void vstore_pair(FP16* p, V16 a, V16 b) {
-  vstore(p, a);
-  vstore(p + 16, b);
-}
-inline void vstream_pair(FP16* p, V16 a, V16 b) {
-  vstream(p, a);
-  vstream(p + 16, b);
 }
 inline void stream_fence() { _mm_sfence(); }
 

@@ -109,17 +109,6 @@ template <typename T>
 inline void vstream(T* p, V16 v) {
   vstore(p, v);
 }
-// Two consecutive groups (32 elements of a 16-bit type).
-template <typename T>
-inline void vstore_pair(T* p, V16 a, V16 b) {
-  vstore(p, a);
-  vstore(p + 16, b);
-}
-template <typename T>
-inline void vstream_pair(T* p, V16 a, V16 b) {
-  vstream(p, a);
-  vstream(p + 16, b);
-}
 
 inline void stream_fence() {}
 // How far ahead pass 1 of the float32 forward prefetches its own rows: none (no one times this path).
