@@ -58,9 +58,7 @@ inline void run_kernel(const BackwardArgs& record, const void* const* inputs, vo
 
 inline std::unique_ptr<LaunchRecord> make_backward_launch(const void* bytes, DType dtype, int64_t stream_min_bytes,
                                                           std::string* problem) {
-  BackwardArgs args{};
-  static_cast<BackwardTilingData&>(args) = record_from_bytes<BackwardTilingData>(bytes, kBackwardRecordBytes);
-  args.tiles = {args.h_tile, args.h_tile_num, args.h_last_tile};
+  BackwardArgs args = args_from_record<BackwardArgs, BackwardTilingData>(bytes, kBackwardRecordBytes);
   *problem = tiling_problem(args.chunk_num, args.hidden, args.used_core_num, args.former_core_num,
                             args.former_core_chunks, args.tail_core_chunks, args.tokens_per_loop, args.tiles);
   if (problem->empty() && (args.chunk_tokens < 1 || args.chunk_num != (args.tokens + args.chunk_tokens - 1) /

@@ -51,9 +51,7 @@ inline void run_kernel(const ForwardArgs& record, const void* const* inputs, voi
 
 inline std::unique_ptr<LaunchRecord> make_forward_launch(const void* bytes, DType dtype, int64_t stream_min_bytes,
                                                          std::string* problem) {
-  ForwardArgs args{};
-  static_cast<ForwardTilingData&>(args) = record_from_bytes<ForwardTilingData>(bytes, kForwardRecordBytes);
-  args.tiles = {args.h_tile, args.h_tile_num, args.h_last_tile};
+  ForwardArgs args = args_from_record<ForwardArgs, ForwardTilingData>(bytes, kForwardRecordBytes);
   *problem = tiling_problem(args.tokens, args.hidden, args.used_core_num, args.former_core_num,
                             args.former_core_tokens, args.tail_core_tokens, args.tokens_per_loop, args.tiles);
   if (!problem->empty()) return nullptr;

@@ -70,13 +70,15 @@ struct NativeOp {
                                                std::string* problem);
 };
 
-// A record struct read from to_bytes(): `Record`'s fields lie at the bytes' offsets (each op
-// static_asserts that its struct has no padding between fields).
-template <class Record>
-Record record_from_bytes(const void* bytes, size_t size) {
-  Record record{};
-  std::memcpy(static_cast<void*>(&record), bytes, size);
-  return record;
+// Kernel arguments `Args` (derived from the op's record struct `Record`) from a record's
+// to_bytes(): `Record`'s fields lie at the bytes' offsets (each op static_asserts that its struct
+// has no padding between fields); the hidden tiles are the record's; the rest is left zero.
+template <class Args, class Record>
+Args args_from_record(const void* bytes, size_t size) {
+  Args args{};
+  std::memcpy(static_cast<void*>(static_cast<Record*>(&args)), bytes, size);
+  args.tiles = {args.h_tile, args.h_tile_num, args.h_last_tile};
+  return args;
 }
 
 inline int64_t dtype_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
