@@ -100,9 +100,10 @@ def _check_record_layout(op_type: str, record_type: type[TilingRecord]) -> None:
     native = _native.record_layouts().get(op_type)
     if native is None:
         raise RuntimeError(f"{op_type} native kernel: the native module has no such op; {REBUILD_HINT}")
-    if tuple(native[1]) != record_type.field_layout()[1] or native[0] != record_type.field_layout()[0]:
+    expected = record_type.field_layout()
+    if native != expected:
         raise RuntimeError(f"{op_type} native kernel: the C++ tiling record {native} does not match "
-                           f"{record_type.__name__} {record_type.field_layout()}; {REBUILD_HINT}")
+                           f"{record_type.__name__} {expected}; {REBUILD_HINT}")
     with _checked_lock:
         _checked_records.add((op_type, record_type))
 
