@@ -146,9 +146,7 @@ def describe_implementation() -> str:
     set, see native.isa_path) or "python"."""
     if active_implementation() == "python":
         return "python"
-    from attnres_ge.op_kernel import native
-
-    return f"native, {native.isa_path()} path"
+    return f"native, {_native_module.isa_path()} path"
 
 
 __all__ = [
