@@ -43,7 +43,7 @@ def _check_shared_constants() -> None:
     """The constants both languages use must agree: a stale build of _native must not run."""
     lanes, codes = getattr(_native, "LANES", None), getattr(_native, "DTYPE_CODES", None)  # absent: an older build
     native_codes = {getattr(torch, name): code for name, code in (codes or {}).items()}
-    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "make_launch"):
+    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "openmp_releases"):
         raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {lanes}, dtype codes "
                           f"{codes}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
 
@@ -74,6 +74,17 @@ def use_isa_path(name: str) -> None:
 def last_call_threads() -> int:
     """How many threads the calling thread's latest native kernel call ran on (the caller included)."""
     return _native.last_call_threads()
+
+
+def openmp_release_min_bytes(threads: int) -> int:
+    """The bytes a kernel call on `threads` threads must move (read and write) to release torch's idle
+    OpenMP threads first (op_kernel/csrc/openmp_release.h): threads^2 times OPENMP_RELEASE_BYTES."""
+    return threads * threads * _native.OPENMP_RELEASE_BYTES
+
+
+def openmp_releases() -> int:
+    """How often this process's kernel calls asked torch's OpenMP runtime to let its idle threads go."""
+    return _native.openmp_releases()
 
 
 def _select_isa_from_environment() -> None:

@@ -174,3 +174,91 @@ def test_one_thread_starts_no_worker():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "0"]
+
+
+# Releasing torch's idle OpenMP threads before long calls (op_kernel/csrc/openmp_release.h).
+OPENMP_SCRIPT = """
+    import os
+    import torch
+    from conftest import make_inputs
+    from test_kernel_threads import forward_on
+    from attnres_ge.op_kernel import native
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    def torch_parallel_op():  # at::parallel_for on torch's OpenMP team
+        values = torch.arange(1 << 20, dtype=torch.float32)
+        assert torch.equal(values + values, values * 2)
+
+    torch.set_num_threads(2)
+    blocks, hidden = 2, 1024
+    tokens = -(-native.openmp_release_min_bytes(2) // ((blocks + 2) * hidden * 4))  # a call just long enough
+    long_inputs = make_inputs(tokens, blocks, hidden, seed=7)
+    short_inputs = make_inputs(tokens // 8, blocks, hidden, seed=7)
+    forward_on(short_inputs, 2)  # the kernels' own worker exists from here on
+    torch_parallel_op()
+    with_team = threads()
+    releases = native.openmp_releases()
+    forward_on(short_inputs, 2)
+    print("short:", native.openmp_releases() - releases, threads() - with_team)
+    expected = forward_on(long_inputs, 2)[0]
+    print("long:", native.openmp_releases() - releases, threads() - with_team)
+    torch_parallel_op()  # torch starts its team again
+    print("torch again:", threads() - with_team)
+    assert torch.equal(forward_on(long_inputs, 2)[0].view(torch.int32), expected.view(torch.int32))
+"""
+
+
+def printed_counts(result: subprocess.CompletedProcess) -> dict[str, list[int]]:
+    """{name: numbers} of the script's "name: n n" lines."""
+    assert result.returncode == 0, result.stderr
+    lines = (line.split(":") for line in result.stdout.splitlines())
+    return {name: [int(n) for n in numbers.split()] for name, numbers in lines}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
+def test_a_long_call_lets_torchs_spinning_openmp_threads_go():
+    """torch's OpenMP worker spins after a parallel torch op; a long call releases it, a short one
+    does not, and torch's next parallel op starts it again."""
+    counts = printed_counts(run_script(OPENMP_SCRIPT))
+    assert counts["short"] == [0, 0]  # no release, torch's worker still there
+    assert counts["long"] == [1, -1]  # one release: torch's one worker (2 threads) is gone
+    assert counts["torch again"] == [0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
+def test_passive_openmp_threads_are_left_alone(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # read by the subprocess's OpenMP runtime and kernels
+    counts = printed_counts(run_script(OPENMP_SCRIPT))
+    assert counts["long"] == [0, 0]
+
+
+FORK_AFTER_RELEASE_SCRIPT = """
+    import os
+    import torch
+    from conftest import make_inputs
+    from test_kernel_threads import forward_on
+    from attnres_ge.op_kernel import native
+
+    torch.set_num_threads(2)
+    blocks, hidden = 2, 1024
+    tokens = -(-native.openmp_release_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    inputs = make_inputs(tokens, blocks, hidden, seed=8)
+    torch.arange(1 << 20, dtype=torch.float32).sum()  # torch's OpenMP team
+    expected = forward_on(inputs, 2)[0]  # releases it
+    torch.arange(1 << 20, dtype=torch.float32).sum()  # starts it again: the child inherits a team
+    releases = native.openmp_releases()
+    pid = os.fork()
+    if pid == 0:  # libgomp's team here is the parent's: releasing it would wait forever
+        # (as would any parallel torch op here, torch.equal's too: the bits are compared in numpy)
+        same = forward_on(inputs, 2)[0].numpy().tobytes() == expected.numpy().tobytes()
+        os._exit(0 if same and native.openmp_releases() == releases else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+def test_a_forked_child_leaves_its_parents_openmp_team_alone():
+    result = run_script(FORK_AFTER_RELEASE_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert "child exit 0" in result.stdout, result.stdout + result.stderr

@@ -56,6 +56,12 @@ inline void run_kernel(const BackwardArgs& record, const void* const* inputs, vo
   block_attention_residuals_backward(args, max_threads);
 }
 
+// The least the kernel reads and writes: the N+1 value rows and grad_hidden_states in, their
+// N+1 gradients out.
+inline int64_t bytes_moved(const BackwardArgs& args) {
+  return (2 * args.blocks + 3) * args.tokens * args.hidden * dtype_bytes(args.dtype);
+}
+
 inline std::unique_ptr<LaunchRecord> make_backward_launch(const void* bytes, DType dtype, int64_t stream_min_bytes,
                                                           std::string* problem) {
   BackwardArgs args = args_from_record<BackwardArgs, BackwardTilingData>(bytes, kBackwardRecordBytes);

@@ -49,6 +49,11 @@ inline void run_kernel(const ForwardArgs& record, const void* const* inputs, voi
   block_attention_residuals_forward(args, max_threads);
 }
 
+// The least the kernel reads and writes: the N+1 value rows in, hidden_states out.
+inline int64_t bytes_moved(const ForwardArgs& args) {
+  return (args.blocks + 2) * args.tokens * args.hidden * dtype_bytes(args.dtype);
+}
+
 inline std::unique_ptr<LaunchRecord> make_forward_launch(const void* bytes, DType dtype, int64_t stream_min_bytes,
                                                          std::string* problem) {
   ForwardArgs args = args_from_record<ForwardArgs, ForwardTilingData>(bytes, kForwardRecordBytes);

@@ -12,6 +12,8 @@
 //   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
 //   known_isa_paths, select_isa_path
 //   last_call_threads                 threads the calling thread's latest kernel call used
+//   openmp_releases,                  how often long calls let torch's idle OpenMP threads go,
+//   OPENMP_RELEASE_BYTES              and the size that makes a call long (openmp_release.h)
 //
 // The kernels walk the record, so they stay inside buffers of the record's sizes;
 // that the pointers are such buffers is the caller's to guarantee: the Python
@@ -29,6 +31,7 @@
 
 #include "dispatch.h"
 #include "native_ops.h"
+#include "openmp_release.h"
 #include "thread_pool.h"
 
 namespace {
@@ -169,6 +172,7 @@ PyObject* select_isa_path(PyObject*, PyObject* arg) {
 }
 
 PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
+PyObject* openmp_releases(PyObject*, PyObject*) { return PyLong_FromLongLong(attnres::openmp_releases()); }
 
 PyMethodDef kMethods[] = {
     {"record_layouts", record_layouts, METH_NOARGS, "each op's tiling record layout (checked by op_kernel.native)"},
@@ -179,6 +183,7 @@ PyMethodDef kMethods[] = {
     {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},
     {"select_isa_path", select_isa_path, METH_O, "run the kernels on the named path"},
     {"last_call_threads", last_call_threads, METH_NOARGS, "threads the calling thread's latest kernel call used"},
+    {"openmp_releases", openmp_releases, METH_NOARGS, "how often long calls let torch's idle OpenMP threads go"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -197,6 +202,7 @@ PyMODINIT_FUNC PyInit__native() {
                                         static_cast<int>(attnres::DType::kFloat16), "bfloat16",
                                         static_cast<int>(attnres::DType::kBFloat16));
   if (PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
+      PyModule_AddIntConstant(module, "OPENMP_RELEASE_BYTES", attnres::kOpenmpReleaseBytes) < 0 ||
       PyModule_AddObject(module, "DTYPE_CODES", dtype_codes) < 0) {
     Py_XDECREF(dtype_codes);
     Py_DECREF(module);
