@@ -87,6 +87,19 @@ def openmp_releases() -> int:
     return _native.openmp_releases()
 
 
+def _started_by_fork() -> bool:
+    """Whether this process is a multiprocessing child forked from its parent (the start method a
+    forked child sees is its parent's; a spawned child sets its own)."""
+    import multiprocessing
+
+    return (multiprocessing.parent_process() is not None
+            and multiprocessing.get_start_method(allow_none=True) in (None, "fork", "forkserver"))
+
+
+if _started_by_fork():  # its OpenMP team may be the parent's, whose threads do not exist here
+    _native.openmp_team_may_be_inherited()
+
+
 def _select_isa_from_environment() -> None:
     forced = os.environ.get(ISA_ENV, "").strip()
     if forced in ("", "auto"):

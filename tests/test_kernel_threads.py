@@ -258,7 +258,40 @@ FORK_AFTER_RELEASE_SCRIPT = """
     print("child exit", os.waitstatus_to_exitcode(status))
 """
 
-def test_a_forked_child_leaves_its_parents_openmp_team_alone():
-    result = run_script(FORK_AFTER_RELEASE_SCRIPT)
+# A multiprocessing worker forked before the library was imported (the parent used torch's threads).
+FORKED_WORKER_SCRIPT = """
+    import multiprocessing
+    import torch
+
+    torch.set_num_threads(2)
+    blocks, hidden, tokens = 2, 1024, 16 * 1024  # 2 ** 28 bytes: long for any plausible release size
+    inputs = (torch.randn(tokens, hidden), torch.randn(tokens, blocks, hidden), torch.randn(1, hidden) / 32,
+              torch.ones(hidden))
+    torch.arange(1 << 20, dtype=torch.float32).sum()  # torch's OpenMP team, before the library is loaded
+
+    def worker(results):  # no parallel torch op here: the OpenMP team is the parent's
+        from test_kernel_threads import forward_on
+        from attnres_ge.op_kernel import native
+
+        assert (blocks + 2) * tokens * hidden * 4 >= native.openmp_release_min_bytes(2)
+        forward_on(inputs, 2)
+        results.put(native.openmp_releases())
+
+    if __name__ == "__main__":
+        context = multiprocessing.get_context("fork")
+        results = context.SimpleQueue()
+        process = context.Process(target=worker, args=(results,))
+        process.start()
+        process.join()
+        print("child exit", process.exitcode, "releases", results.get() if process.exitcode == 0 else None)
+"""
+
+
+@pytest.mark.parametrize("script", [FORK_AFTER_RELEASE_SCRIPT, FORKED_WORKER_SCRIPT],
+                         ids=["os.fork-after-import", "multiprocessing-fork-before-import"])
+def test_a_forked_child_leaves_its_parents_openmp_team_alone(script):
+    result = run_script(script)
     assert result.returncode == 0, result.stderr
     assert "child exit 0" in result.stdout, result.stdout + result.stderr
+    if "releases" in result.stdout:
+        assert result.stdout.split("releases ")[1].split()[0] == "0"

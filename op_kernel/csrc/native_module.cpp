@@ -13,7 +13,8 @@
 //   known_isa_paths, select_isa_path
 //   last_call_threads                 threads the calling thread's latest kernel call used
 //   openmp_releases,                  how often long calls let torch's idle OpenMP threads go,
-//   OPENMP_RELEASE_BYTES              and the size that makes a call long (openmp_release.h)
+//   OPENMP_RELEASE_BYTES,             the size that makes a call long, and the switch that
+//   openmp_team_may_be_inherited      turns the release off in a forked child (openmp_release.h)
 //
 // The kernels walk the record, so they stay inside buffers of the record's sizes;
 // that the pointers are such buffers is the caller's to guarantee: the Python
@@ -173,6 +174,10 @@ PyObject* select_isa_path(PyObject*, PyObject* arg) {
 
 PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
 PyObject* openmp_releases(PyObject*, PyObject*) { return PyLong_FromLongLong(attnres::openmp_releases()); }
+PyObject* openmp_team_may_be_inherited(PyObject*, PyObject*) {
+  attnres::openmp_team_may_be_inherited();
+  Py_RETURN_NONE;
+}
 
 PyMethodDef kMethods[] = {
     {"record_layouts", record_layouts, METH_NOARGS, "each op's tiling record layout (checked by op_kernel.native)"},
@@ -184,6 +189,8 @@ PyMethodDef kMethods[] = {
     {"select_isa_path", select_isa_path, METH_O, "run the kernels on the named path"},
     {"last_call_threads", last_call_threads, METH_NOARGS, "threads the calling thread's latest kernel call used"},
     {"openmp_releases", openmp_releases, METH_NOARGS, "how often long calls let torch's idle OpenMP threads go"},
+    {"openmp_team_may_be_inherited", openmp_team_may_be_inherited, METH_NOARGS,
+     "never release torch's OpenMP threads in this process (a forked child's team is its parent's)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

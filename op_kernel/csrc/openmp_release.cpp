@@ -15,11 +15,11 @@ namespace {
 using PauseAll = int (*)(int kind);
 constexpr int kOmpPauseSoft = 1;  // omp_pause_soft: the runtime may let threads go and start them again
 
-std::atomic<bool> g_forked{false};
+std::atomic<bool> g_team_may_be_inherited{false};
 std::atomic<int64_t> g_releases{0};
 
 // Registered when the library is loaded: a fork after that marks the child.
-const int g_fork_watch = pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
+const int g_fork_watch = pthread_atfork(nullptr, nullptr, [] { g_team_may_be_inherited.store(true); });
 
 // omp_pause_resource_all of the OpenMP runtime torch's CPU library was linked with (GNU libgomp in
 // torch's wheels; another runtime where torch was built with one), or null.
@@ -47,11 +47,13 @@ bool threads_wait_passively() {
 void release_openmp_threads_before(int64_t bytes, int threads) {
   (void)g_fork_watch;
   if (threads < 2 || bytes < int64_t{threads} * threads * kOpenmpReleaseBytes) return;
-  if (g_forked.load() || threads_wait_passively()) return;
+  if (g_team_may_be_inherited.load() || threads_wait_passively()) return;
   const PauseAll pause = torch_pause_all();
   if (pause == nullptr) return;
   if (pause(kOmpPauseSoft) == 0) g_releases.fetch_add(1);
 }
+
+void openmp_team_may_be_inherited() { g_team_may_be_inherited.store(true); }
 
 int64_t openmp_releases() { return g_releases.load(); }
 

@@ -13,10 +13,11 @@
 // Never released:
 //   * when OMP_WAIT_POLICY is PASSIVE (the threads sleep: nothing spins);
 //   * in a process forked after this library was loaded: libgomp's team there is its parent's, whose
-//     threads do not exist in the child, and releasing it would wait for them forever. (A child
-//     forked before the library was loaded cannot be told from its parent; like torch's own
-//     parallel operators in such a child, the release would hang there if the parent had used
-//     torch's OpenMP threads: docs/kernels.md, Threads.)
+//     threads do not exist in the child, and releasing it would wait for them forever. A child
+//     forked before the library was loaded cannot be told from its parent here; the Python side
+//     marks the multiprocessing children started by fork (openmp_team_may_be_inherited). In any
+//     other such child whose parent had used torch's OpenMP threads, the release would hang, as
+//     torch's own parallel operators do there (docs/kernels.md, Threads).
 //   * when torch's library holds no omp_pause_resource_all (built without OpenMP).
 
 #pragma once
@@ -30,6 +31,9 @@ constexpr int64_t kOpenmpReleaseBytes = int64_t{4} << 20;
 // Before a call that moves `bytes` (inputs read and outputs written) on at most `threads`
 // threads: releases the calling thread's OpenMP team when the rules above say so.
 void release_openmp_threads_before(int64_t bytes, int threads);
+
+// Never release in this process: its OpenMP team may be a forked parent's.
+void openmp_team_may_be_inherited();
 
 // How many releases this process made (tests).
 int64_t openmp_releases();
