@@ -24,6 +24,7 @@ from conftest import (
 )
 
 import attnres_ge.op_kernel as op_kernel
+from attnres_ge.op_kernel.reference import block_attention_residuals_reference
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
@@ -42,12 +43,12 @@ def platform(cores: int, ub_size: int) -> PlatformInfo:
     return PlatformInfo(PlatformProfile("test", cores, ub_size))
 
 
-def run_forward(inputs, cores=2, ub_size=ROOMY_UB, implementation="native", need_backward=True):
+def run_forward(inputs, cores=2, ub_size=ROOMY_UB, implementation="native", need_backward=True, norm_eps=1e-6):
     partial, blocks, _, _ = inputs
     tokens, count, hidden = blocks.shape
     plat = platform(cores, ub_size)
     result = forward_tiling.tiling(
-        forward_tiling.parse(plat), tokens, count, hidden, partial.dtype, 1e-6, need_backward, plat
+        forward_tiling.parse(plat), tokens, count, hidden, partial.dtype, norm_eps, need_backward, plat
     )
     stat_shape = (tokens, count + 1) if need_backward else (0,)
     outputs = (torch.empty_like(partial), torch.empty(stat_shape), torch.empty(stat_shape))
@@ -164,6 +165,32 @@ def test_bits_do_not_depend_on_cores_or_hidden_tiles(shape, dtype):
         for name, a, b in zip(BACKWARD_NAMES, backward_out, backward_base, strict=True):
             assert_bitwise_equal(f"{name} (cores={cores}, ub={ub_size})", a, b)
     assert len(h_tiles) >= 4, f"the buffer sizes should give several hidden tiles, got {sorted(h_tiles)}"
+
+
+# The forward sums 16-bit inputs in short float32 runs (op_kernel/csrc/forward_kernel.h, kRunGroups) and
+# sums a row again in float64 lanes where float32 would have lost bits. Each case: (value scale, weight
+# scale, norm_eps); one row of every token is zero.
+RUN_EDGE_CASES = {
+    "squares-beyond-float32": (1e25, 1.0, 1e-6),  # v^2 ~ 1e50 overflows float32
+    "squares-float32-subnormal": (1e-22, 1.0, 2.0**-149),  # v^2 ~ 1e-44, larger than eps
+    "weight-beyond-float32": (1.0, 1e25, 1e-6),  # w = norm * proj ~ 1e49: no float32 runs at all
+    "plain": (1.0, 1.0, 1e-6),
+}
+
+
+@pytest.mark.parametrize("dtype, case", [(torch.bfloat16, case) for case in RUN_EDGE_CASES] +
+                         [(torch.float16, "plain")])  # float16's range keeps its terms inside float32's
+def test_16bit_values_float32_runs_cannot_hold_meet_the_reference(dtype, case):
+    value_scale, weight_scale, norm_eps = RUN_EDGE_CASES[case]
+    partial, blocks, proj, norm = make_inputs(24, 3, 300, seed=13)  # 300: runs of 128, 128 and 44
+    blocks[:, 1] = 0.0
+    inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
+              (norm * weight_scale).to(dtype))
+    outputs, _ = run_forward(inputs, norm_eps=norm_eps)
+    expected = block_attention_residuals_reference(*inputs, norm_eps=norm_eps)
+    for name, actual, reference in zip(FORWARD_NAMES, outputs, expected, strict=True):
+        assert torch.isfinite(actual).all(), f"{name}: not finite"
+        assert_close_to_reference(name, actual, reference, actual.dtype)  # the statistics: float32's tolerance
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)

@@ -14,7 +14,8 @@
 //    (D16): lane l adds the elements
 //    h with h % 16 == lane_element<T>(l), in increasing h, carried across tiles. Tile
 //    starts are multiples of 16, so the lane an element lands in, and the order inside
-//    the lane, do not depend on the tile size. The 16 lanes are combined by one fixed
+//    the lane, do not depend on the tile size (nor do the forward's float32 runs of
+//    16-bit inputs, which sit at fixed places of H). The 16 lanes are combined by one fixed
 //    tree at the end (lane_sum: l + l+8, then + l+4, + l+2, + l+1), the same tree on
 //    every instruction set; since the tree pairs lanes, the lane layout is part of the
 //    result and is the same on every instruction set too.

@@ -4,7 +4,8 @@
 // Per core of the tiling (a task of the thread pool), per block of `tokens_per_loop`
 // tokens of its range:
 //   pass 1, token by token, over the hidden tiles: for all N+1 rows at once the
-//           float64 lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax (float64)
+//           float64 lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax (float64);
+//           16-bit inputs add their terms in short float32 runs first (see kRunGroups)
 //   pass 2, token by token, over the hidden tiles: hidden_states = sum_i p_i v_i
 // The tiling sizes the block so that its rows fit in the core's buffer (on the
 // host: its L2), so pass 2 reads them from cache: the inputs cross the memory
@@ -50,6 +51,115 @@ inline void weighted_sum_tile(const T* const* rows, const T* const* next_rows, c
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
 }
 
+// ---------------------------------------------------------------------------
+// Pass 1 of the 16-bit types: float32 runs folded into the float64 lanes.
+//
+// A bfloat16 or float16 value has at most 11 significant bits and the score weight
+// w = norm_weight * proj_weight at most 22, so w is a float32 value (checked per call: outside
+// float32's range it need not be, and the call then sums as float32 inputs do). v*v is then exact
+// in float32, and so is v*w for bfloat16 (8 + 16 bits); float16's v*w rounds once, inside its fused
+// multiply-add. The terms of a run of kRunGroups consecutive groups (runs at fixed places of H,
+// carried across hidden tiles) are added lane by lane with float32 fused multiply-adds, and each
+// run's sum is added into the float64 lanes once: the float64 work drops from widening every
+// value to widening one sum per run, for at most kRunGroups - 1 float32 roundings per lane and run.
+// A row whose sums come out non-finite (float32 overflow: values or products beyond 3.4e38) or
+// whose sum of squares is below kRunMinSquares (float32 would have lost bits to subnormals) is
+// summed again in float64 lanes.
+constexpr int64_t kRunGroups = 8;
+constexpr int64_t kRunElements = kRunGroups * kLanes;
+constexpr double kRunMinSquares = 0x1p-60;
+
+// The float32 sums of one row's run in progress.
+struct RunSums {
+  V16 squares, scores;
+};
+
+// Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
+// completes, or reaches H, to the rows' float64 lanes. next (or null): rows whose lines at h are
+// prefetched.
+template <int kRows, typename T>
+inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h1, int64_t hidden, RunSums* runs,
+                     D16* square_lanes, D16* score_lanes, const T* const* next) {
+  const D16 one = widen(vset(1.0f));
+  V16 squares[kRows], scores[kRows];  // locals, so that they stay in registers
+  for (int r = 0; r < kRows; ++r) {
+    squares[r] = runs[r].squares;
+    scores[r] = runs[r].scores;
+  }
+  for (int64_t h = h0; h < h1;) {
+    const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
+    for (; h + kLanes <= stop; h += kLanes) {
+      const V16 wv = vload(w + h);
+      for (int r = 0; r < kRows; ++r) {
+        if (next != nullptr) prefetch_l2(next[r] + h);
+        const V16 v = vload(rows[r] + h);
+        squares[r] = vfma(v, v, squares[r]);
+        scores[r] = vfma(v, wv, scores[r]);
+      }
+    }
+    if (h < stop) {  // the last, partial group (stop == H), zero padded
+      const V16 wv = vload(w + h);
+      for (int r = 0; r < kRows; ++r) {
+        const V16 v = vload_partial(rows[r] + h, stop - h);
+        squares[r] = vfma(v, v, squares[r]);
+        scores[r] = vfma(v, wv, scores[r]);
+      }
+      h = stop;
+    }
+    if (h % kRunElements == 0 || h == hidden) {  // x * 1 + lanes: one float64 addition
+      for (int r = 0; r < kRows; ++r) {
+        square_lanes[r] = dfma(widen(squares[r]), one, square_lanes[r]);
+        score_lanes[r] = dfma(widen(scores[r]), one, score_lanes[r]);
+        squares[r] = scores[r] = vzero();
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    runs[r].squares = squares[r];
+    runs[r].scores = scores[r];
+  }
+}
+
+// add_runs for all rows of one token over [h0, h1), two rows at a time.
+template <typename T>
+inline void add_runs_rows(const T* const* rows, int64_t row_num, const float* w, int64_t h0, int64_t h1,
+                          int64_t hidden, RunSums* runs, D16* square_lanes, D16* score_lanes, const T* const* next) {
+  int64_t i = 0;
+  for (; i + 2 <= row_num; i += 2) {
+    add_runs<2>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
+                next != nullptr ? next + i : nullptr);
+  }
+  if (i < row_num) {
+    add_runs<1>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
+                next != nullptr ? next + i : nullptr);
+  }
+}
+
+// The rows whose run sums lost bits (see kRunMinSquares), summed again in float64 lanes over all of H.
+template <typename T>
+inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const double* w, int64_t hidden,
+                                      D16* square_lanes, D16* score_lanes) {
+  for (int64_t i = 0; i < row_num; ++i) {
+    const double squares = lane_sum(square_lanes[i]);
+    if (squares >= kRunMinSquares && std::isfinite(squares) && std::isfinite(lane_sum(score_lanes[i]))) continue;
+    square_lanes[i] = score_lanes[i] = dzero();
+    dot_lanes_1<true>(rows[i], static_cast<const double*>(nullptr), w, 0, hidden, square_lanes[i], score_lanes[i]);
+  }
+}
+
+// The score weight in float32, in the lane layout of T, when every element of the exact float64
+// one (`wide`) is a float32 value; else empty.
+template <typename T>
+inline std::vector<float> float32_score_weight(const T* norm_weight, const T* proj_weight, const std::vector<double>& wide,
+                                               int64_t hidden) {
+  std::vector<float> w(wide.size());
+  score_weight(norm_weight, proj_weight, hidden, w.data());
+  for (size_t h = 0; h < w.size(); ++h) {
+    if (static_cast<double>(w[h]) != wide[h]) return {};
+  }
+  return w;
+}
+
 // inv_norm and probs of one token's rows from their reduced sums (scalar code, the same for every
 // token). All in float64 until stored: a score is about sqrt(H) at unit-scale weights, so its
 // float32 rounding alone would move a peaked softmax by more than the contract's tolerance.
@@ -85,6 +195,11 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                     w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
+  const std::vector<float> narrow_w =  // 16-bit inputs: pass 1 in float32 runs when it is exact
+      sizeof(T) == 2 ? float32_score_weight(static_cast<const T*>(args.norm_weight),
+                                            static_cast<const T*>(args.proj_weight), w, hidden)
+                     : std::vector<float>();
+  const bool in_runs = !narrow_w.empty();
 
   // One task per core of the tiling; scratch is the task's own.
   const auto core_task = [&](int64_t core) {
@@ -92,6 +207,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     std::vector<float> inv_norm(block_tokens * rows);     // [B, N+1]
     std::vector<float> probs(block_tokens * rows);        // [B, N+1]
     LaneArray square_lanes(rows), score_lanes(rows);      // [N+1] lanes of the token in pass 1
+    VectorArray<RunSums> runs(rows);                      // [N+1] float32 runs in progress (16-bit inputs)
     std::vector<double> scores(rows);                     // [N+1] scratch of norms_and_softmax
     std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
     int64_t start, stop;
@@ -110,7 +226,10 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
       for (int64_t t = t0; t < t1; ++t) {
         const T** token_rows = row_ptrs.data() + (t - t0) * rows;
         for (int64_t i = 0; i < rows; ++i) token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
-        for (int64_t i = 0; i < rows; ++i) square_lanes[i] = score_lanes[i] = dzero();
+        for (int64_t i = 0; i < rows; ++i) {
+          square_lanes[i] = score_lanes[i] = dzero();
+          runs[i] = {vzero(), vzero()};
+        }
         const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
         // Float32 may prefetch its own rows ahead instead (simd_*.h); a prefetch never faults, so
         // lines past the end of the buffer are harmless.
@@ -119,9 +238,16 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
           next = next_rows.data();
         }
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-          dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
-                               tiles.end(tile), square_lanes.data(), score_lanes.data(), next);
+          if (in_runs) {
+            add_runs_rows(token_rows, rows, narrow_w.data(), tiles.begin(tile), tiles.end(tile), hidden, runs.data(),
+                          square_lanes.data(), score_lanes.data(), next);
+          } else {
+            dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
+                                 tiles.end(tile), square_lanes.data(), score_lanes.data(), next);
+          }
         }
+        if (in_runs) resum_rows_that_lost_bits(token_rows, rows, w.data(), hidden, square_lanes.data(),
+                                               score_lanes.data());
         norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
                           inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
       }

@@ -2,20 +2,23 @@
 // the instruction set being compiled (simd_*.h): included inside that instruction set's
 // namespace by isa_*.cpp, after its target pragma, never on its own.
 
-// n D16 accumulators, zeroed, on the heap. (std::vector<D16> would instantiate library code
-// that is compiled for the baseline instruction set yet moves this instruction set's vectors.)
-class LaneArray {
+// n accumulators of this instruction set's vector type V, zeroed, on the heap. (std::vector<V>
+// would instantiate library code that is compiled for the baseline instruction set yet moves this
+// instruction set's vectors.)
+template <class V>
+class VectorArray {
  public:
-  explicit LaneArray(int64_t n) : data_(new D16[n]()) {}
-  ~LaneArray() { delete[] data_; }
-  LaneArray(const LaneArray&) = delete;
-  LaneArray& operator=(const LaneArray&) = delete;
-  D16& operator[](int64_t i) { return data_[i]; }
-  D16* data() { return data_; }
+  explicit VectorArray(int64_t n) : data_(new V[n]()) {}
+  ~VectorArray() { delete[] data_; }
+  VectorArray(const VectorArray&) = delete;
+  VectorArray& operator=(const VectorArray&) = delete;
+  V& operator[](int64_t i) { return data_[i]; }
+  V* data() { return data_; }
 
  private:
-  D16* data_;
+  V* data_;
 };
+using LaneArray = VectorArray<D16>;
 
 // body(i) for every i in [0, tasks) on at most max_threads threads (thread_pool.h).
 template <typename Body>
