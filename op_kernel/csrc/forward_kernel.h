@@ -81,7 +81,8 @@ template <int kRows, typename T>
 inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h1, int64_t hidden, RunSums* runs,
                      D16* square_lanes, D16* score_lanes, const T* const* next) {
   const D16 one = widen(vset(1.0f));
-  V16 squares[kRows], scores[kRows];  // locals, so that they stay in registers
+  V16 squares[kRows], scores[kRows];  // in registers, since every loop over r is unrolled (else: the stack)
+#pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
     squares[r] = runs[r].squares;
     scores[r] = runs[r].scores;
@@ -90,6 +91,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
     const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
     for (; h + kLanes <= stop; h += kLanes) {
       const V16 wv = vload(w + h);
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         if (next != nullptr) prefetch_l2(next[r] + h);
         const V16 v = vload(rows[r] + h);
@@ -99,6 +101,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
     }
     if (h < stop) {  // the last, partial group (stop == H), zero padded
       const V16 wv = vload(w + h);
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         const V16 v = vload_partial(rows[r] + h, stop - h);
         squares[r] = vfma(v, v, squares[r]);
@@ -107,6 +110,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
       h = stop;
     }
     if (h % kRunElements == 0 || h == hidden) {  // x * 1 + lanes: one float64 addition
+#pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         square_lanes[r] = dfma(widen(squares[r]), one, square_lanes[r]);
         score_lanes[r] = dfma(widen(scores[r]), one, score_lanes[r]);
@@ -114,6 +118,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
       }
     }
   }
+#pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
     runs[r].squares = squares[r];
     runs[r].scores = scores[r];
