@@ -24,10 +24,10 @@ from conftest import (
 )
 
 import attnres_ge.op_kernel as op_kernel
-from attnres_ge.op_kernel.reference import block_attention_residuals_reference
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
+from attnres_ge.op_kernel.reference import block_attention_residuals_reference
 
 pytestmark = pytest.mark.skipif(
     not op_kernel.native_available(), reason=f"native kernels not built: {op_kernel.NATIVE_UNAVAILABLE_REASON}"
