@@ -206,6 +206,8 @@ OPENMP_SCRIPT = """
     print("long:", native.openmp_releases() - releases, threads() - with_team)
     torch_parallel_op()  # torch starts its team again
     print("torch again:", threads() - with_team)
+    with open("/proc/self/maps") as maps:  # GNU libgomp lets released threads exit; others may keep them asleep
+        print("gnu openmp:", int("libgomp" in maps.read()))
     assert torch.equal(forward_on(long_inputs, 2)[0].view(torch.int32), expected.view(torch.int32))
 """
 
@@ -223,8 +225,9 @@ def test_a_long_call_lets_torchs_spinning_openmp_threads_go():
     does not, and torch's next parallel op starts it again."""
     counts = printed_counts(run_script(OPENMP_SCRIPT))
     assert counts["short"] == [0, 0]  # no release, torch's worker still there
-    assert counts["long"] == [1, -1]  # one release: torch's one worker (2 threads) is gone
-    assert counts["torch again"] == [0]
+    assert counts["long"][0] == 1  # one release
+    if counts["gnu openmp"] == [1]:  # torch's wheels: its one worker (2 threads) is gone, then back
+        assert counts["long"][1] == -1 and counts["torch again"] == [0]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
