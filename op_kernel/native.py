@@ -18,7 +18,8 @@ ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold; a huge N turns them off.
 The kernels are compiled for several instruction sets and run on the fastest the CPU has
 (`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import
 when this CPU cannot run it), `use_isa_path(name)` switches in a running process. Every path
-gives the same bits. A call runs on at most torch.get_num_threads() threads.
+gives the same bits. A call runs on at most torch.get_num_threads() threads; a long one first lets
+torch's idle OpenMP threads go (op_kernel/csrc/openmp_release.h; `openmp_releases()` counts it).
 """
 
 from __future__ import annotations

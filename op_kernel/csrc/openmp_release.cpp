@@ -19,7 +19,7 @@ std::atomic<bool> g_team_may_be_inherited{false};
 std::atomic<int64_t> g_releases{0};
 
 // Registered when the library is loaded: a fork after that marks the child.
-const int g_fork_watch = pthread_atfork(nullptr, nullptr, [] { g_team_may_be_inherited.store(true); });
+[[maybe_unused]] const int g_fork_watch = pthread_atfork(nullptr, nullptr, [] { g_team_may_be_inherited.store(true); });
 
 // omp_pause_resource_all of the OpenMP runtime torch's CPU library was linked with (GNU libgomp in
 // torch's wheels; another runtime where torch was built with one), or null.
@@ -45,7 +45,6 @@ bool threads_wait_passively() {
 }  // namespace
 
 void release_openmp_threads_before(int64_t bytes, int threads) {
-  (void)g_fork_watch;
   if (threads < 2 || bytes < int64_t{threads} * threads * kOpenmpReleaseBytes) return;
   if (g_team_may_be_inherited.load() || threads_wait_passively()) return;
   const PauseAll pause = torch_pause_all();

@@ -35,7 +35,7 @@ void release_openmp_threads_before(int64_t bytes, int threads);
 // Never release in this process: its OpenMP team may be a forked parent's.
 void openmp_team_may_be_inherited();
 
-// How many releases this process made (tests).
+// How many times this process asked torch's OpenMP runtime to release its threads (tests).
 int64_t openmp_releases();
 
 }  // namespace attnres
