@@ -186,6 +186,7 @@ class Case:
         from attnres_ge.op_kernel import KERNELS
         from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
         from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
+        from attnres_ge.op_kernel.host_memory import empty_planned
         from attnres_ge.op_kernel.launcher import default_runtime
 
         tokens, blocks, hidden = self.shape
@@ -195,10 +196,11 @@ class Case:
                                         True, platform)
         backward = grad_tiling.tiling(grad_tiling.parse(platform), tokens, blocks, hidden, self.dtype, platform)
         stats = (tokens, blocks + 1)
-        forward_out = (torch.empty_like(self.inputs[0]), torch.empty(stats), torch.empty(stats))
-        backward_out = tuple(torch.empty_like(t) for t in self.inputs)
-        workspace = torch.empty(max(forward.workspace_size, backward.workspace_size), dtype=torch.uint8)
-        # Launched as the runtime launches them: a record prepared once, no per-call checks.
+        # Buffers as a compiled graph plans them (host_memory.empty_planned); records prepared once, no
+        # per-call checks: launched as the runtime launches them.
+        forward_out = (empty_planned(tuple(self.inputs[0].shape), self.dtype), torch.empty(stats), torch.empty(stats))
+        backward_out = tuple(empty_planned(tuple(t.shape), t.dtype) for t in self.inputs)
+        workspace = empty_planned((max(forward.workspace_size, backward.workspace_size),), torch.uint8)
         _, forward_launch = KERNELS.launch(FORWARD_KERNEL, forward.data, self.dtype)
         _, backward_launch = KERNELS.launch(BACKWARD_KERNEL, backward.data, self.dtype)
         backward_inputs = (*self.inputs, self.grad_hidden, self.inv_norm, self.probs)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from attnres_ge.op_kernel.host_memory import empty_planned
 from attnres_ge.op_proto import TensorMeta
 
 WORKSPACE_DTYPE = torch.uint8
@@ -44,7 +45,8 @@ class _Slot:
     """One buffer: a storage and a contiguous tensor of the planned shape and dtype over it."""
 
     def __init__(self, meta: TensorMeta, device: torch.device):
-        self.tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+        self.tensor = (empty_planned(tuple(meta.shape), meta.dtype) if device.type == "cpu"
+                       else torch.empty(meta.shape, dtype=meta.dtype, device=device))
         self.storage = self.tensor.untyped_storage()
         self.data_ptr = self.storage.data_ptr()
         self.nbytes = self.storage.nbytes()

@@ -166,3 +166,40 @@ def test_a_freed_or_shrunk_result_is_replaced_never_written(runner, nbytes):
     assert result.returncode == 0 and result.stdout.strip() == "ok", (
         f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     )
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    flags, inside = [], False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, stop = (int(bound, 16) for bound in head.split("-"))
+                inside = start <= address < stop
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    return flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads mappings from /proc (Linux)")
+@pytest.mark.parametrize("runner", ["cpp-node", "python-pool"])
+def test_large_planned_buffers_are_advised_to_use_huge_pages(runner):
+    """A graph node's buffers of MIN_HUGE_BYTES or more lie in memory advised MADV_HUGEPAGE ("hg")."""
+    from attnres_ge.op_kernel import host_memory
+
+    if not host_memory.huge_pages_available():
+        pytest.skip("transparent huge pages are off on this machine")
+    if runner == "cpp-node" and not CPP_ENTRY:
+        pytest.skip("the ops' C++ entry is not built")
+    tokens, hidden = 1024, host_memory.MIN_HUGE_BYTES // (1024 * 4)  # hidden_states of exactly MIN_HUGE_BYTES
+    with ge.Graph("huge") as graph:
+        shapes = [[tokens, hidden], [tokens, 1, hidden], [1, hidden], [hidden]]
+        data = [ge.Data(i, torch.float32, shape, node_name=f"input{i}") for i, shape in enumerate(shapes)]
+        ge.NetOutput(list(convert_block_attention_residuals(*data, -1, 1e-6, True)))
+    compiled = compile_graph(graph.graph_def)
+    if runner != "cpp-node":
+        compiled.node = None
+    hidden_states = compiled(*(torch.ones(shape) for shape in shapes))[0]
+    inside = -(-hidden_states.data_ptr() // host_memory.HUGE_PAGE) * host_memory.HUGE_PAGE  # its aligned part
+    assert "hg" in vm_flags(inside), vm_flags(inside)

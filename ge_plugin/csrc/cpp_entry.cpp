@@ -33,6 +33,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -126,6 +128,21 @@ std::shared_ptr<const Launch> launch_from(const py::object& answer) {
 at::Tensor empty_buffer(const OutputMeta& meta) { return at::empty(meta.sizes, at::dtype(meta.dtype)); }
 
 at::Tensor empty_workspace(int64_t bytes) { return at::empty({bytes}, at::dtype(at::kByte)); }
+
+// A buffer a graph node plans once and reuses, as op_kernel/host_memory.py's empty_planned makes it:
+// torch's allocator, and from huge_page_min_bytes on (0: never) the 2 MiB-aligned part of its memory
+// advised to use transparent huge pages before anything touches it.
+at::Tensor planned(at::Tensor buffer, int64_t huge_page_min_bytes) {
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  const auto nbytes = static_cast<int64_t>(buffer.storage().nbytes());
+  if (huge_page_min_bytes > 0 && nbytes >= huge_page_min_bytes) {
+    const auto address = reinterpret_cast<uintptr_t>(buffer.storage().data());
+    const uintptr_t start = (address + kHugePage - 1) / kHugePage * kHugePage;
+    const uintptr_t stop = (address + static_cast<uintptr_t>(nbytes)) / kHugePage * kHugePage;
+    if (stop > start) madvise(reinterpret_cast<void*>(start), stop - start, MADV_HUGEPAGE);  // advice only
+  }
+  return buffer;
+}
 
 // Runs the kernel of `launch` on contiguous inputs (prototype order) and outputs of its planned shapes.
 void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -245,12 +262,13 @@ class GraphNode {
   // the graph in Python (its answer for None). Buffers are kept for the max_signatures most recently
   // used signatures.
   GraphNode(std::vector<int64_t> input_order, std::vector<int64_t> result_order, py::object plan, py::object run,
-            size_t max_signatures)
+            size_t max_signatures, int64_t huge_page_min_bytes)
       : input_order_(std::move(input_order)),
         result_order_(std::move(result_order)),
         plan_(std::move(plan)),
         run_(std::move(run)),
-        max_signatures_(std::max<size_t>(max_signatures, 1)) {}
+        max_signatures_(std::max<size_t>(max_signatures, 1)),
+        huge_page_min_bytes_(huge_page_min_bytes) {}
 
   py::object call(const std::vector<at::Tensor>& graph_inputs) {
     const Key key = signature(0, graph_inputs);
@@ -336,8 +354,7 @@ class GraphNode {
       Slot& slot = planned->slots[index];
       if (!slot.reusable()) {
         const bool workspace = index + 1 == planned->slots.size();
-        slot = Slot(workspace ? empty_workspace(planned->launch->workspace_bytes)
-                              : empty_buffer(planned->launch->outputs[index]));
+        slot = Slot(planned_slot(*planned->launch, index));
         ++allocations_;
       }
       buffers->push_back(slot.tensor.detach());
@@ -351,8 +368,7 @@ class GraphNode {
   std::vector<at::Tensor> remember(const Key& key, const std::shared_ptr<const Launch>& launch) {
     std::vector<Slot> slots;
     std::vector<at::Tensor> buffers;
-    for (const OutputMeta& meta : launch->outputs) slots.emplace_back(empty_buffer(meta));
-    slots.emplace_back(empty_workspace(launch->workspace_bytes));
+    for (size_t index = 0; index <= launch->outputs.size(); ++index) slots.emplace_back(planned_slot(*launch, index));
     for (const Slot& slot : slots) buffers.push_back(slot.tensor.detach());
     std::lock_guard<std::mutex> lock(mutex_);
     allocations_ += static_cast<int64_t>(slots.size());
@@ -361,18 +377,27 @@ class GraphNode {
     return buffers;
   }
 
+  // Slot `index` of `launch`: its outputs, then the workspace.
+  at::Tensor planned_slot(const Launch& launch, size_t index) const {
+    return planned(index < launch.outputs.size() ? empty_buffer(launch.outputs[index])
+                                                 : empty_workspace(launch.workspace_bytes),
+                   huge_page_min_bytes_);
+  }
+
   const std::vector<int64_t> input_order_, result_order_;
   const py::object plan_, run_;
   const size_t max_signatures_;
+  const int64_t huge_page_min_bytes_;  // op_kernel.host_memory.planned_huge_page_bytes()
   std::mutex mutex_;
   std::vector<Planned> planned_;  // least recently used first
   int64_t allocations_ = 0;       // storages allocated so far (tests watch reuse through it)
 };
 
 std::shared_ptr<GraphNode> make_graph_node(std::vector<int64_t> input_order, std::vector<int64_t> result_order,
-                                           py::object plan, py::object run, size_t max_signatures) {
+                                           py::object plan, py::object run, size_t max_signatures,
+                                           int64_t huge_page_min_bytes) {
   auto node = std::make_shared<GraphNode>(std::move(input_order), std::move(result_order), std::move(plan),
-                                          std::move(run), max_signatures);
+                                          std::move(run), max_signatures, huge_page_min_bytes);
   EntryState& entry = state();
   std::lock_guard<std::mutex> lock(entry.mutex);
   auto& nodes = entry.graph_nodes;
@@ -429,7 +454,7 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   // What Python checks before using this module: a build of other sources is not used.
-  module.attr("INTERFACE_VERSION") = 2;
+  module.attr("INTERFACE_VERSION") = 3;
   module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"));
   module.def("register_eager", &register_eager, py::arg("op_name"));
   module.def("register_autograd", &register_autograd);
@@ -439,7 +464,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("cached_launches", &cached_launches, "How many eager input signatures have a cached launch");
   py::class_<GraphNode, std::shared_ptr<GraphNode>>(module, "GraphNode")
       .def(py::init(&make_graph_node), py::arg("input_order"), py::arg("result_order"),
-           py::arg("plan"), py::arg("run"), py::arg("max_signatures"))
+           py::arg("plan"), py::arg("run"), py::arg("max_signatures"), py::arg("huge_page_min_bytes"))
       .def("__call__", &GraphNode::call)
       .def("planned_signatures", &GraphNode::planned_signatures)
       .def("allocations", &GraphNode::allocations);
