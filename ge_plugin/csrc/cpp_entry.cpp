@@ -353,7 +353,6 @@ class GraphNode {
     for (size_t index = 0; index < planned->slots.size(); ++index) {
       Slot& slot = planned->slots[index];
       if (!slot.reusable()) {
-        const bool workspace = index + 1 == planned->slots.size();
         slot = Slot(planned_slot(*planned->launch, index));
         ++allocations_;
       }
