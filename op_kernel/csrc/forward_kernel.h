@@ -140,23 +140,26 @@ inline void add_runs_rows(const T* const* rows, int64_t row_num, const float* w,
   }
 }
 
-// The rows whose run sums lost bits (see kRunMinSquares), summed again in float64 lanes over all of H.
+// The rows whose run sums lost bits (see kRunMinSquares): summed again in float64 lanes over all of
+// H, their reduced sums replaced.
 template <typename T>
 inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const double* w, int64_t hidden,
-                                      D16* square_lanes, D16* score_lanes) {
+                                      double* square_sums, double* score_sums) {
   for (int64_t i = 0; i < row_num; ++i) {
-    const double squares = lane_sum(square_lanes[i]);
-    if (squares >= kRunMinSquares && std::isfinite(squares) && std::isfinite(lane_sum(score_lanes[i]))) continue;
-    square_lanes[i] = score_lanes[i] = dzero();
-    dot_lanes_1<true>(rows[i], static_cast<const double*>(nullptr), w, 0, hidden, square_lanes[i], score_lanes[i]);
+    const double squares = square_sums[i];
+    if (squares >= kRunMinSquares && std::isfinite(squares) && std::isfinite(score_sums[i])) continue;
+    D16 square_lanes = dzero(), score_lanes = dzero();
+    dot_lanes_1<true>(rows[i], static_cast<const double*>(nullptr), w, 0, hidden, square_lanes, score_lanes);
+    square_sums[i] = lane_sum(square_lanes);
+    score_sums[i] = lane_sum(score_lanes);
   }
 }
 
 // The score weight in float32, in the lane layout of T, when every element of the exact float64
 // one (`wide`) is a float32 value; else empty.
 template <typename T>
-inline std::vector<float> float32_score_weight(const T* norm_weight, const T* proj_weight, const std::vector<double>& wide,
-                                               int64_t hidden) {
+inline std::vector<float> float32_score_weight(const T* norm_weight, const T* proj_weight,
+                                               const std::vector<double>& wide, int64_t hidden) {
   std::vector<float> w(wide.size());
   score_weight(norm_weight, proj_weight, hidden, w.data());
   for (size_t h = 0; h < w.size(); ++h) {
@@ -169,14 +172,14 @@ inline std::vector<float> float32_score_weight(const T* norm_weight, const T* pr
 // token). All in float64 until stored: a score is about sqrt(H) at unit-scale weights, so its
 // float32 rounding alone would move a peaked softmax by more than the contract's tolerance.
 // scores: [N+1] scratch.
-inline void norms_and_softmax(const D16* square_lanes, const D16* score_lanes, int64_t row_num, int64_t hidden,
+inline void norms_and_softmax(const double* square_sums, const double* score_sums, int64_t row_num, int64_t hidden,
                               float norm_eps, float* inv_norm, float* probs, double* scores) {
   double max_score = -INFINITY;
   for (int64_t i = 0; i < row_num; ++i) {
-    const double mean_square = lane_sum(square_lanes[i]) / static_cast<double>(hidden);
+    const double mean_square = square_sums[i] / static_cast<double>(hidden);
     const double r = 1.0 / std::sqrt(mean_square + static_cast<double>(norm_eps));
     inv_norm[i] = static_cast<float>(r);
-    scores[i] = r * lane_sum(score_lanes[i]);
+    scores[i] = r * score_sums[i];
     if (scores[i] > max_score) max_score = scores[i];
   }
   double total = 0.0;  // rows in order
@@ -213,6 +216,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     std::vector<float> probs(block_tokens * rows);        // [B, N+1]
     LaneArray square_lanes(rows), score_lanes(rows);      // [N+1] lanes of the token in pass 1
     VectorArray<RunSums> runs(rows);                      // [N+1] float32 runs in progress (16-bit inputs)
+    std::vector<double> square_sums(rows), score_sums(rows);  // [N+1] its lanes, reduced once
     std::vector<double> scores(rows);                     // [N+1] scratch of norms_and_softmax
     std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
     int64_t start, stop;
@@ -251,9 +255,14 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
                                  tiles.end(tile), square_lanes.data(), score_lanes.data(), next);
           }
         }
-        if (in_runs) resum_rows_that_lost_bits(token_rows, rows, w.data(), hidden, square_lanes.data(),
-                                               score_lanes.data());
-        norms_and_softmax(square_lanes.data(), score_lanes.data(), rows, hidden, args.norm_eps,
+        for (int64_t i = 0; i < rows; ++i) {
+          square_sums[i] = lane_sum(square_lanes[i]);
+          score_sums[i] = lane_sum(score_lanes[i]);
+        }
+        if (in_runs) {
+          resum_rows_that_lost_bits(token_rows, rows, w.data(), hidden, square_sums.data(), score_sums.data());
+        }
+        norms_and_softmax(square_sums.data(), score_sums.data(), rows, hidden, args.norm_eps,
                           inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
       }
       // Pass 2: the weighted sum, rows still in cache.
