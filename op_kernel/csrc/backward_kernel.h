@@ -33,7 +33,7 @@ struct RowCoefficients {
 // loads and stores few, and the write streams few (streaming stores lose their
 // benefit when one thread interleaves many write streams).
 template <int K, bool kStream, typename T>
-inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, const T* next_go,
+inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
                       const RowCoefficients& k, int64_t r0, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
   // Groups per step: a whole 64-byte line of each gradient row before moving to the
@@ -55,9 +55,6 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, c
     }
     // One 64-byte line of each row per step (fp32: 1 group, 16-bit: 2).
     if (r0 == 0 && next_go != nullptr) prefetch(next_go + h);
-    if (next_v != nullptr) {
-      for (int j = 0; j < K; ++j) prefetch(next_v[r0 + j] + h);
-    }
     for (int j = 0; j < K; ++j) {
       V16 grad[kGroups];
       for (int g = 0; g < kGroups; ++g) {
@@ -87,18 +84,18 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* const* next_v, c
   }
 }
 
-// next_rows, next_go (or null): the token this core takes up a block later; its lines
-// are prefetched so that the next block's memory reads overlap this pass's arithmetic.
+// next_go (or null): grad_hidden_states of the token this core takes up a block later; its
+// lines are prefetched (its value rows are, in pass 1).
 template <bool kStream, typename T>
-inline void grad_tile(const T* const* rows, T* const* grads, const T* const* next_rows, const T* next_go,
+inline void grad_tile(const T* const* rows, T* const* grads, const T* next_go,
                       int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
   constexpr int kRows = 2;  // rows per grad_rows call (docs/kernels.md, performance notes)
   int64_t i = 0;
   for (; i + kRows <= row_num; i += kRows) {
-    grad_rows<kRows, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
+    grad_rows<kRows, kStream>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
   }
-  for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_rows, next_go, k, i, go, w, chunk_row, h0, h1);
+  for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
 }
 
 // a and c of one token's rows from the reduced sums (scalar code, the same for every token), in
@@ -179,7 +176,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           }
           for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = dzero();
           to_wide_lane_layout(grad_hidden + t * hidden, hidden, go_wide.data());
-          const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
+          const T* const* next = rows_to_prefetch(t);
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
                                   tiles.end(tile), g_lanes.data(), wv_lanes.data(), next);
@@ -199,14 +196,13 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           const T* const* token_rows = row_ptrs.data() + b * rows;
           T* const* token_grads = grad_ptrs.data() + b * rows;
           to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
-          const T* const* next = kPrefetchInPass1<T> ? nullptr : rows_to_prefetch(t);
           const T* next_go = t + block_tokens < core_stop ? grad_hidden + (t + block_tokens) * hidden : nullptr;
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             if (stream) {
-              grad_tile<true>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+              grad_tile<true>(token_rows, token_grads, next_go, rows, k, go.data(), w.data(),
                               chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
             } else {
-              grad_tile<false>(token_rows, token_grads, next, next_go, rows, k, go.data(), w.data(),
+              grad_tile<false>(token_rows, token_grads, next_go, rows, k, go.data(), w.data(),
                                chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
             }
           }

@@ -15,18 +15,11 @@
 namespace {
 
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
-// next_rows (or null): rows whose lines at h are prefetched (pass 2 itself reads only from
-// cache).
 template <int G, bool kStream, typename T>
-inline void weighted_sum_groups(const T* const* rows, const T* const* next_rows, const float* p, int64_t row_num,
-                                int64_t h, T* out) {
-  constexpr int64_t kLines = (G * kLanes * sizeof(T) + 63) / 64;
+inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t row_num, int64_t h, T* out) {
   V16 acc[G];
   for (int g = 0; g < G; ++g) acc[g] = vzero();
   for (int64_t i = 0; i < row_num; ++i) {
-    if (next_rows != nullptr) {
-      for (int64_t line = 0; line < kLines; ++line) prefetch(next_rows[i] + h + line * (64 / sizeof(T)));
-    }
     const V16 pi = vset(p[i]);
     for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
   }
@@ -42,12 +35,12 @@ inline void weighted_sum_partial(const T* const* rows, const float* p, int64_t r
 }
 
 template <bool kStream, typename T>
-inline void weighted_sum_tile(const T* const* rows, const T* const* next_rows, const float* p, int64_t row_num,
-                              int64_t h0, int64_t h1, T* out) {
+inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_num, int64_t h0, int64_t h1,
+                              T* out) {
   int64_t h = h0;
   // Four groups at a time: 8 independent accumulator registers hide the FMA latency.
-  for (; h + 4 * kLanes <= h1; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, next_rows, p, row_num, h, out);
-  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, next_rows, p, row_num, h, out);
+  for (; h + 4 * kLanes <= h1; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, p, row_num, h, out);
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
 }
 
@@ -82,7 +75,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
                      D16* square_lanes, D16* score_lanes, const T* const* next) {
   const D16 one = widen(vset(1.0f));
   V16 squares[kRows], scores[kRows];  // in registers, since every loop over r is unrolled (else: the stack)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int r = 0; r < kRows; ++r) {
     squares[r] = runs[r].squares;
     scores[r] = runs[r].scores;
@@ -91,7 +84,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
     const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
     for (; h + kLanes <= stop; h += kLanes) {
       const V16 wv = vload(w + h);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
         if (next != nullptr) prefetch_l2(next[r] + h);
         const V16 v = vload(rows[r] + h);
@@ -101,7 +94,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
     }
     if (h < stop) {  // the last, partial group (stop == H), zero padded
       const V16 wv = vload(w + h);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
         const V16 v = vload_partial(rows[r] + h, stop - h);
         squares[r] = vfma(v, v, squares[r]);
@@ -110,7 +103,7 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
       h = stop;
     }
     if (h % kRunElements == 0 || h == hidden) {  // x * 1 + lanes: one float64 addition
-#pragma GCC unroll 4
+#pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
         square_lanes[r] = dfma(widen(squares[r]), one, square_lanes[r]);
         score_lanes[r] = dfma(widen(scores[r]), one, score_lanes[r]);
@@ -118,26 +111,25 @@ inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int r = 0; r < kRows; ++r) {
     runs[r].squares = squares[r];
     runs[r].scores = scores[r];
   }
 }
 
-// add_runs for all rows of one token over [h0, h1), two rows at a time.
+// Rows add_runs reads at once: all of a token's rows up to nine, whose 18 run sums stay in
+// AVX-512's registers (AVX2 spills some, and was faster so too: docs/kernels.md, performance notes).
+constexpr int kRunRows = 9;
+
+// add_runs for all rows of one token over [h0, h1), up to kRunRows at a time.
 template <typename T>
 inline void add_runs_rows(const T* const* rows, int64_t row_num, const float* w, int64_t h0, int64_t h1,
                           int64_t hidden, RunSums* runs, D16* square_lanes, D16* score_lanes, const T* const* next) {
-  int64_t i = 0;
-  for (; i + 2 <= row_num; i += 2) {
-    add_runs<2>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
-                next != nullptr ? next + i : nullptr);
-  }
-  if (i < row_num) {
-    add_runs<1>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
-                next != nullptr ? next + i : nullptr);
-  }
+  for_row_groups<kRunRows>(row_num, [&](auto k, int64_t i) {
+    add_runs<decltype(k)::value>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
+                                 next != nullptr ? next + i : nullptr);
+  });
 }
 
 // The rows whose run sums lost bits (see kRunMinSquares): summed again in float64 lanes over all of
@@ -239,17 +231,13 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
           square_lanes[i] = score_lanes[i] = dzero();
           runs[i] = {vzero(), vzero()};
         }
-        const T* const* next = kPrefetchInPass1<T> ? rows_to_prefetch(t) : nullptr;
-        // Float32 may prefetch its own rows ahead instead (simd_*.h); a prefetch never faults, so
-        // lines past the end of the buffer are harmless.
-        if (sizeof(T) == 4 && kFloat32Pass1PrefetchBytes != 0) {
-          for (int64_t i = 0; i < rows; ++i) next_rows[i] = token_rows[i] + kFloat32Pass1PrefetchBytes / 4;
-          next = next_rows.data();
-        }
+        const T* const* next = rows_to_prefetch(t);
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (in_runs) {
-            add_runs_rows(token_rows, rows, narrow_w.data(), tiles.begin(tile), tiles.end(tile), hidden, runs.data(),
-                          square_lanes.data(), score_lanes.data(), next);
+            if constexpr (sizeof(T) == 2) {  // in_runs is never true for float32
+              add_runs_rows(token_rows, rows, narrow_w.data(), tiles.begin(tile), tiles.end(tile), hidden,
+                            runs.data(), square_lanes.data(), score_lanes.data(), next);
+            }
           } else {
             dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),
                                  tiles.end(tile), square_lanes.data(), score_lanes.data(), next);
@@ -269,14 +257,11 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
       for (int64_t t = t0; t < t1; ++t) {
         const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
         const float* p = probs.data() + (t - t0) * rows;
-        const T* const* next = kPrefetchInPass1<T> ? nullptr : rows_to_prefetch(t);
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (stream) {
-            weighted_sum_tile<true>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
-                                    hidden_states + t * hidden);
+            weighted_sum_tile<true>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile), hidden_states + t * hidden);
           } else {
-            weighted_sum_tile<false>(token_rows, next, p, rows, tiles.begin(tile), tiles.end(tile),
-                                     hidden_states + t * hidden);
+            weighted_sum_tile<false>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile), hidden_states + t * hidden);
           }
         }
       }

@@ -74,12 +74,34 @@ inline void store_groups(T* p, const V16* groups) {
   }
 }
 
-// Both kernels prefetch the value rows of the token a core takes up a block later, line by line
-// beside its own, so that the next block's memory reads overlap this block's arithmetic: the
-// 16-bit types in pass 1 (the longer pass, which converts every value to float64), float32 in
-// pass 2. Each measured fastest on an AVX-512 Xeon (docs/kernels.md, performance notes).
-template <typename T>
-constexpr bool kPrefetchInPass1 = sizeof(T) == 2;
+// Both kernels prefetch, in pass 1, the value rows of the token a core takes up a block later,
+// into L2, line by line beside the lines of the same rows they read: the next token's memory reads
+// then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
+// once (kDotRows, kRunRows), so many memory streams are in flight. Each measured fastest on an
+// AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
+
+// body(std::integral_constant<int, size>{}) for 1 <= size <= K.
+template <int K, typename Body>
+inline void with_row_count(int64_t size, const Body& body) {
+  if constexpr (K > 1) {
+    if (size < K) return with_row_count<K - 1>(size, body);
+  }
+  body(std::integral_constant<int, K>{});
+}
+
+// Calls body(std::integral_constant<int, K>{}, i) for consecutive row groups [i, i + K) covering
+// [0, row_num), each of at most kMaxRows rows and as even as they can be (9 rows, at most 4: 3, 3, 3),
+// so that one instantiation per K serves any N.
+template <int kMaxRows, typename Body>
+inline void for_row_groups(int64_t row_num, const Body& body) {
+  const int64_t groups = (row_num + kMaxRows - 1) / kMaxRows;
+  int64_t i = 0;
+  for (int64_t group = 0; group < groups; ++group) {
+    const int64_t size = row_num / groups + (group < row_num % groups ? 1 : 0);
+    with_row_count<kMaxRows>(size, [&](auto rows) { body(rows, i); });
+    i += size;
+  }
+}
 
 // A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
 template <typename T>
@@ -106,9 +128,8 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
 // sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
 // not per row) in the lane layout of T, zero padded to a multiple of 16.
-// next_v (or null): a row whose line at h each step prefetches into L2 (the same row of a token
-// taken up later, or this row further on), so that its memory reads overlap this pass's
-// arithmetic. Into L2 only: the forward measured 2-4% faster so than into L1 (docs/kernels.md).
+// next_v (or null): a row whose line at h each step prefetches into L2 (the same row of the
+// token a core takes up next).
 template <bool kSquares, typename T>
 inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
                         D16& y_lanes, const T* next_v = nullptr) {
@@ -129,51 +150,52 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
   y_lanes = ys;
 }
 
-// The same for two rows a and b at once, sharing the loads of x and w. Each row's lanes see
-// exactly the operations dot_lanes_1 would apply.
-template <bool kSquares, typename T>
-inline void dot_lanes_2(const T* a, const T* b, const double* x, const double* w, int64_t h0, int64_t h1, D16& xa,
-                        D16& ya, D16& xb, D16& yb, const T* next_a = nullptr, const T* next_b = nullptr) {
-  D16 xa_ = xa, ya_ = ya, xb_ = xb, yb_ = yb;
+// The same for K rows at once, sharing the loads of x and w. Each row's lanes see exactly the
+// operations dot_lanes_1 would apply, so the bits do not depend on K.
+template <int K, bool kSquares, typename T>
+inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
+                        D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
+  D16 xs[K], ys[K];  // in registers as far as they fit, since every loop over r is unrolled
+#pragma GCC unroll 16
+  for (int r = 0; r < K; ++r) {
+    xs[r] = x_lanes[r];
+    ys[r] = y_lanes[r];
+  }
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
-    if (next_a != nullptr) {
-      prefetch_l2(next_a + h);
-      prefetch_l2(next_b + h);
-    }
-    const D16 va = widen(vload(a + h)), vb = widen(vload(b + h)), wv = dload(w + h);
+    const D16 wv = dload(w + h);
     D16 xv;
     if (!kSquares) xv = dload(x + h);
-    xa_ = dfma(va, kSquares ? va : xv, xa_);
-    ya_ = dfma(va, wv, ya_);
-    xb_ = dfma(vb, kSquares ? vb : xv, xb_);
-    yb_ = dfma(vb, wv, yb_);
+#pragma GCC unroll 16
+    for (int r = 0; r < K; ++r) {
+      if (next_rows != nullptr) prefetch_l2(next_rows[r] + h);
+      const D16 v = widen(vload(rows[r] + h));
+      xs[r] = dfma(v, kSquares ? v : xv, xs[r]);
+      ys[r] = dfma(v, wv, ys[r]);
+    }
   }
-  xa = xa_;
-  ya = ya_;
-  xb = xb_;
-  yb = yb_;
-  if (h < h1) {
-    dot_lanes_1<kSquares>(a, x, w, h, h1, xa, ya);
-    dot_lanes_1<kSquares>(b, x, w, h, h1, xb, yb);
+#pragma GCC unroll 16
+  for (int r = 0; r < K; ++r) {
+    x_lanes[r] = xs[r];
+    y_lanes[r] = ys[r];
+    if (h < h1) dot_lanes_1<kSquares>(rows[r], x, w, h, h1, x_lanes[r], y_lanes[r]);  // the partial group
   }
 }
 
-// All rows of one token over [h0, h1), two rows at a time; next_rows (or null): rows to prefetch,
-// next_rows[i] alongside rows[i].
+// Rows dot_lanes_k reads at once: four keep 16 float64 accumulators (32 registers of AVX-512,
+// spilling on AVX2), and more rows at once were not faster (docs/kernels.md, performance notes).
+constexpr int kDotRows = 4;
+
+// All rows of one token over [h0, h1), up to kDotRows at a time; next_rows (or null): rows to
+// prefetch, next_rows[i] alongside rows[i].
 template <bool kSquares, typename T>
 inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* x, const double* w, int64_t h0,
-                           int64_t h1, D16* x_lanes, D16* y_lanes, const T* const* next_rows = nullptr) {
-  int64_t i = 0;
-  for (; i + 2 <= row_num; i += 2) {
-    dot_lanes_2<kSquares>(rows[i], rows[i + 1], x, w, h0, h1, x_lanes[i], y_lanes[i], x_lanes[i + 1],
-                          y_lanes[i + 1], next_rows ? next_rows[i] : nullptr, next_rows ? next_rows[i + 1] : nullptr);
-  }
-  if (i < row_num) {
-    dot_lanes_1<kSquares>(rows[i], x, w, h0, h1, x_lanes[i], y_lanes[i], next_rows ? next_rows[i] : nullptr);
-  }
+                           int64_t h1, D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
+  for_row_groups<kDotRows>(row_num, [&](auto k, int64_t i) {
+    dot_lanes_k<decltype(k)::value, kSquares>(rows + i, x, w, h0, h1, x_lanes + i, y_lanes + i,
+                                              next_rows != nullptr ? next_rows + i : nullptr);
+  });
 }
-
 
 // A row of T as float32 in the lane layout of T, zero padded: [H_pad]
 template <typename T>

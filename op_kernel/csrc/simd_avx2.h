@@ -100,9 +100,6 @@ inline void vstream(FP16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m25
 
 inline void stream_fence() { _mm_sfence(); }
 
-// How far ahead pass 1 of the float32 forward prefetches its own rows, beside pass 2's prefetch
-// of the next token: with these registers it made that forward faster (docs/kernels.md).
-constexpr int64_t kFloat32Pass1PrefetchBytes = 16 * 1024;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }

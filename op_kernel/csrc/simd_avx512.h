@@ -144,9 +144,6 @@ inline void vstream_pair(BF16* p, V16 a, V16 b) {
 }
 inline void stream_fence() { _mm_sfence(); }
 
-// How far ahead pass 1 of the float32 forward prefetches its own rows, beside pass 2's prefetch
-// of the next token: none, which ran that forward faster with these registers (docs/kernels.md).
-constexpr int64_t kFloat32Pass1PrefetchBytes = 0;
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }

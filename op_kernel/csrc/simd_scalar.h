@@ -111,8 +111,6 @@ inline void vstream(T* p, V16 v) {
 }
 
 inline void stream_fence() {}
-// How far ahead pass 1 of the float32 forward prefetches its own rows: none (no one times this path).
-constexpr int64_t kFloat32Pass1PrefetchBytes = 0;
 inline void prefetch(const void* p) { __builtin_prefetch(p); }
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
