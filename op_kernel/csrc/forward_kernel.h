@@ -259,9 +259,11 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         const float* p = probs.data() + (t - t0) * rows;
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (stream) {
-            weighted_sum_tile<true>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile), hidden_states + t * hidden);
+            weighted_sum_tile<true>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
+                                    hidden_states + t * hidden);
           } else {
-            weighted_sum_tile<false>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile), hidden_states + t * hidden);
+            weighted_sum_tile<false>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
+                                     hidden_states + t * hidden);
           }
         }
       }
