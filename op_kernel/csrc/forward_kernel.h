@@ -34,14 +34,23 @@ inline void weighted_sum_partial(const T* const* rows, const float* p, int64_t r
   vstore_partial(out + h, acc, n);
 }
 
-template <bool kStream, typename T>
+// Over [h0, h1): steps of four groups (their accumulators hide the FMA latency), then single groups
+// and the partial one; kBackwards: those last ones first, then the steps from h1 down.
+template <bool kStream, bool kBackwards, typename T>
 inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_num, int64_t h0, int64_t h1,
                               T* out) {
-  int64_t h = h0;
-  // Four groups at a time: 8 independent accumulator registers hide the FMA latency.
-  for (; h + 4 * kLanes <= h1; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+  const int64_t steps_end = h0 + (h1 - h0) / (4 * kLanes) * (4 * kLanes);
+  if (!kBackwards) {
+    for (int64_t h = h0; h < steps_end; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+  }
+  int64_t h = steps_end;
   for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, p, row_num, h, out);
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
+  if (kBackwards) {
+    for (h = steps_end - 4 * kLanes; h >= h0; h -= 4 * kLanes) {
+      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -253,17 +262,19 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         norms_and_softmax(square_sums.data(), score_sums.data(), rows, hidden, args.norm_eps,
                           inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
       }
-      // Pass 2: the weighted sum, rows still in cache.
+      // Pass 2: the weighted sum, rows still in cache (interleaved rows: the tiles from the last).
+      constexpr bool kBackwards = kInterleavedRows<T>;
       for (int64_t t = t0; t < t1; ++t) {
         const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
         const float* p = probs.data() + (t - t0) * rows;
-        for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+        for (int64_t step = 0; step < tiles.h_tile_num; ++step) {
+          const int64_t tile = kBackwards ? tiles.h_tile_num - 1 - step : step;
           if (stream) {
-            weighted_sum_tile<true>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                    hidden_states + t * hidden);
+            weighted_sum_tile<true, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
+                                                hidden_states + t * hidden);
           } else {
-            weighted_sum_tile<false>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                     hidden_states + t * hidden);
+            weighted_sum_tile<false, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
+                                                 hidden_states + t * hidden);
           }
         }
       }
