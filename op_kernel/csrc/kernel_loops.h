@@ -128,15 +128,12 @@ inline void vstore_partial(T* p, V16 v, int64_t n) {
 // in float64 lanes (D16): each addition rounds once in float64, so the per-token scalars these
 // sums feed carry no float32 rounding. x and w are float64 rows (widened once per call or token,
 // not per row) in the lane layout of T, zero padded to a multiple of 16.
-// next_v (or null): a row whose line at h each step prefetches into L2 (the same row of the
-// token a core takes up next).
 template <bool kSquares, typename T>
 inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0, int64_t h1, D16& x_lanes,
-                        D16& y_lanes, const T* next_v = nullptr) {
+                        D16& y_lanes) {
   D16 xs = x_lanes, ys = y_lanes;  // locals, so that they stay in registers
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
-    if (next_v != nullptr) prefetch_l2(next_v + h);
     const D16 value = widen(vload(v + h));
     xs = dfma(value, kSquares ? value : dload(x + h), xs);
     ys = dfma(value, dload(w + h), ys);
@@ -151,7 +148,8 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
 }
 
 // The same for K rows at once, sharing the loads of x and w. Each row's lanes see exactly the
-// operations dot_lanes_1 would apply, so the bits do not depend on K.
+// operations dot_lanes_1 would apply, so the bits do not depend on K. next_rows (or null): rows
+// whose line at h each step prefetches into L2 (the same rows of the token a core takes up next).
 template <int K, bool kSquares, typename T>
 inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
                         D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
