@@ -101,7 +101,8 @@ inline void vstream(FP16* p, V16 v) { _mm256_stream_si256(reinterpret_cast<__m25
 inline void stream_fence() { _mm_sfence(); }
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-// Float32 pass 1 walks each group of rows over all of H (kernel_loops.h): chunks measured slower here.
-constexpr int64_t kFloat32RowChunk = 0;
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+
+// Float32 pass 1 walks each group of rows over all of H (kernel_loops.h): chunks measured slower here.
+constexpr int64_t kFloat32RowChunk = 0;

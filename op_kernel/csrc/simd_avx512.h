@@ -145,7 +145,8 @@ inline void vstream_pair(BF16* p, V16 a, V16 b) {
 inline void stream_fence() { _mm_sfence(); }
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-// Float32 pass 1 walks H in chunks of this many elements across all of a token's rows (kernel_loops.h).
-constexpr int64_t kFloat32RowChunk = 64;
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+
+// Float32 pass 1 walks H in chunks of this many elements across all of a token's rows (kernel_loops.h).
+constexpr int64_t kFloat32RowChunk = 64;

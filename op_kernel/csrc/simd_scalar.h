@@ -112,7 +112,8 @@ inline void vstream(T* p, V16 v) {
 
 inline void stream_fence() {}
 inline void prefetch(const void* p) { __builtin_prefetch(p); }
-// Float32 pass 1 walks each group of rows over all of H (kernel_loops.h; no one times this path).
-constexpr int64_t kFloat32RowChunk = 0;
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
+// Float32 pass 1 walks each group of rows over all of H (kernel_loops.h; no one times this path).
+constexpr int64_t kFloat32RowChunk = 0;
