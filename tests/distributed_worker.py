@@ -56,6 +56,7 @@ def worker(rank: int, rendezvous_file: str, wrapper: str) -> None:
     del wrapped, model, grads
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: process group destroyed", flush=True)  # a failure after this is the interpreter's exit
 
 
 if __name__ == "__main__":

@@ -17,5 +17,5 @@ def test_data_parallel_gradients_match_one_process(wrapper, tmp_path):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the kernels' threads: one per process
     result = subprocess.run([sys.executable, str(worker), str(tmp_path / "rendezvous"), wrapper], capture_output=True,
                             text=True, timeout=300, env=environment)
-    assert result.returncode == 0, result.stderr[-12000:]
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-12000:]}"
     assert f"{wrapper}: gradients match" in result.stdout
