@@ -44,7 +44,7 @@ def _check_shared_constants() -> None:
     """The constants both languages use must agree: a stale build of _native must not run."""
     lanes, codes = getattr(_native, "LANES", None), getattr(_native, "DTYPE_CODES", None)  # absent: an older build
     native_codes = {getattr(torch, name): code for name, code in (codes or {}).items()}
-    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "openmp_releases"):
+    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "openmp_release_min_bytes"):
         raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {lanes}, dtype codes "
                           f"{codes}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
 
@@ -79,8 +79,8 @@ def last_call_threads() -> int:
 
 def openmp_release_min_bytes(threads: int) -> int:
     """The bytes a kernel call on `threads` threads must move (read and write) to release torch's idle
-    OpenMP threads first (op_kernel/csrc/openmp_release.h): threads^2 times OPENMP_RELEASE_BYTES."""
-    return threads * threads * _native.OPENMP_RELEASE_BYTES
+    OpenMP threads first (op_kernel/csrc/openmp_release.h, whose rule this is)."""
+    return _native.openmp_release_min_bytes(threads)
 
 
 def openmp_releases() -> int:

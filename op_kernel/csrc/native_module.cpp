@@ -13,7 +13,7 @@
 //   known_isa_paths, select_isa_path
 //   last_call_threads                 threads the calling thread's latest kernel call used
 //   openmp_releases,                  how often long calls let torch's idle OpenMP threads go,
-//   OPENMP_RELEASE_BYTES,             the size that makes a call long, and the switch that
+//   openmp_release_min_bytes,         the size that makes a call long, and the switch that
 //   openmp_team_may_be_inherited      turns the release off in a forked child (openmp_release.h)
 //
 // The kernels walk the record, so they stay inside buffers of the record's sizes;
@@ -174,6 +174,15 @@ PyObject* select_isa_path(PyObject*, PyObject* arg) {
 
 PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
 PyObject* openmp_releases(PyObject*, PyObject*) { return PyLong_FromLongLong(attnres::openmp_releases()); }
+PyObject* openmp_release_min_bytes(PyObject*, PyObject* arg) {
+  const long threads = PyLong_AsLong(arg);
+  if (threads == -1 && PyErr_Occurred()) return nullptr;
+  if (threads < 1 || threads > 1 << 20) {
+    PyErr_Format(PyExc_ValueError, "openmp_release_min_bytes: threads must be in [1, 2^20], got %ld", threads);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(attnres::openmp_release_min_bytes(static_cast<int>(threads)));
+}
 PyObject* openmp_team_may_be_inherited(PyObject*, PyObject*) {
   attnres::openmp_team_may_be_inherited();
   Py_RETURN_NONE;
@@ -189,6 +198,8 @@ PyMethodDef kMethods[] = {
     {"select_isa_path", select_isa_path, METH_O, "run the kernels on the named path"},
     {"last_call_threads", last_call_threads, METH_NOARGS, "threads the calling thread's latest kernel call used"},
     {"openmp_releases", openmp_releases, METH_NOARGS, "how often long calls let torch's idle OpenMP threads go"},
+    {"openmp_release_min_bytes", openmp_release_min_bytes, METH_O,
+     "the bytes a call on this many threads must move to release torch's idle OpenMP threads"},
     {"openmp_team_may_be_inherited", openmp_team_may_be_inherited, METH_NOARGS,
      "never release torch's OpenMP threads in this process (a forked child's team is its parent's)"},
     {nullptr, nullptr, 0, nullptr},
@@ -209,7 +220,6 @@ PyMODINIT_FUNC PyInit__native() {
                                         static_cast<int>(attnres::DType::kFloat16), "bfloat16",
                                         static_cast<int>(attnres::DType::kBFloat16));
   if (PyModule_AddIntConstant(module, "LANES", attnres::kLanes) < 0 ||
-      PyModule_AddIntConstant(module, "OPENMP_RELEASE_BYTES", attnres::kOpenmpReleaseBytes) < 0 ||
       PyModule_AddObject(module, "DTYPE_CODES", dtype_codes) < 0) {
     Py_XDECREF(dtype_codes);
     Py_DECREF(module);

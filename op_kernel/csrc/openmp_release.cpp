@@ -45,7 +45,7 @@ bool threads_wait_passively() {
 }  // namespace
 
 void release_openmp_threads_before(int64_t bytes, int threads) {
-  if (threads < 2 || bytes < int64_t{threads} * threads * kOpenmpReleaseBytes) return;
+  if (threads < 2 || bytes < openmp_release_min_bytes(threads)) return;
   if (g_team_may_be_inherited.load() || threads_wait_passively()) return;
   const PauseAll pause = torch_pause_all();
   if (pause == nullptr) return;

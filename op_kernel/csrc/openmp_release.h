@@ -9,7 +9,7 @@
 //
 // That costs the release (joining the threads) and torch the new threads, each growing with the
 // thread count, while the contention it removes lasts a few milliseconds at most; so only calls
-// that move at least threads^2 * kOpenmpReleaseBytes release (16 MiB on 2 threads, 256 MiB on 8).
+// that move at least openmp_release_min_bytes(threads) release (16 MiB on 2 threads, 256 MiB on 8).
 // Never released:
 //   * when OMP_WAIT_POLICY is PASSIVE (the threads sleep: nothing spins);
 //   * in a process forked after this library was loaded: libgomp's team there is its parent's, whose
@@ -26,7 +26,8 @@
 
 namespace attnres {
 
-constexpr int64_t kOpenmpReleaseBytes = int64_t{4} << 20;
+// The bytes a call on `threads` threads must move to release: threads^2 * 4 MiB.
+constexpr int64_t openmp_release_min_bytes(int threads) { return int64_t{threads} * threads * (int64_t{4} << 20); }
 
 // Before a call that moves `bytes` (inputs read and outputs written) on at most `threads`
 // threads: releases the calling thread's OpenMP team when the rules above say so.
