@@ -27,7 +27,7 @@ import attnres_ge.op_kernel as op_kernel
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile
-from attnres_ge.op_kernel.reference import block_attention_residuals_reference
+from attnres_ge.op_kernel.reference import block_attention_residuals_grad_reference, block_attention_residuals_reference
 
 pytestmark = pytest.mark.skipif(
     not op_kernel.native_available(), reason=f"native kernels not built: {op_kernel.NATIVE_UNAVAILABLE_REASON}"
@@ -191,6 +191,45 @@ def test_16bit_values_float32_runs_cannot_hold_meet_the_reference(dtype, case):
     for name, actual, reference in zip(FORWARD_NAMES, outputs, expected, strict=True):
         assert torch.isfinite(actual).all(), f"{name}: not finite"
         assert_close_to_reference(name, actual, reference, actual.dtype)  # the statistics: float32's tolerance
+
+
+# The backward sums go * v and w * v the same way (op_kernel/csrc/kernel_loops.h, kRunGroups). Each case: (value
+# scale, gradient scale, weight scale, norm_eps); one row of every token is zero, and every token's go in the
+# "gradient-zero" case (exact zero sums the runs need not sum again).
+BACKWARD_RUN_EDGE_CASES = {
+    "products-beyond-float32": (1e20, 1e20, 1.0, 1e30),  # go * v ~ 1e40 overflows float32 (the eps keeps the
+    # zero row's r, and so its gradient, inside bfloat16's range)
+    "products-float32-subnormal": (1e-22, 1e-22, 1.0, 2.0**-149),  # go * v ~ 1e-44
+    "gradient-tiny": (1.0, 1e-30, 1.0, 1e-6),  # sums of go * v ~ 1e-29: summed again, go not zero
+    "weight-below-float32": (1.0, 1.0, 1e-25, 1e-6),  # w = norm * proj ~ 1e-50: no float32 runs at all
+    "gradient-zero": (1.0, 0.0, 1.0, 1e-6),
+    "plain": (1.0, 1.0, 1.0, 1e-6),
+}
+
+
+@pytest.mark.parametrize("dtype, case", [(torch.bfloat16, case) for case in BACKWARD_RUN_EDGE_CASES] +
+                         [(torch.float16, "plain")])  # float16's range keeps its terms inside float32's
+def test_16bit_gradients_float32_runs_cannot_hold_meet_the_reference(dtype, case):
+    """The backward op against the float64 evaluation of its formulas from the statistics it receives; the
+    input gradients scaled by 1 / gradient scale first, so that tiny ones are held to the relative tolerance."""
+    value_scale, grad_scale, weight_scale, norm_eps = BACKWARD_RUN_EDGE_CASES[case]
+    partial, blocks, proj, norm = make_inputs(24, 3, 300, seed=17)  # 300: runs of 128, 128 and 44
+    blocks[:, 1] = 0.0
+    inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
+              (norm * weight_scale).to(dtype))
+    grad_hidden = (torch.randn(24, 300, generator=torch.Generator().manual_seed(3)) * grad_scale).to(dtype)
+    (_, inv_norm, probs), _ = run_forward(inputs, norm_eps=norm_eps)
+    grads, _ = run_backward(inputs, (inv_norm, probs), grad_hidden)
+    expected = block_attention_residuals_grad_reference(*inputs, grad_hidden, inv_norm, probs)
+    unscale = 1.0 / grad_scale if grad_scale != 0.0 else 1.0
+    # Beyond float32, the weight gradients (sums of a v ~ go v) overflow the float32 chunk rows and the dtype
+    # whatever pass 1 does: the input gradients only.
+    checked = 2 if case == "products-beyond-float32" else len(BACKWARD_NAMES)
+    for name, actual, reference in list(zip(BACKWARD_NAMES, grads, expected, strict=True))[:checked]:
+        assert torch.isfinite(actual).all(), f"{name}: not finite"
+        if name in ("grad_partial_block", "grad_block_res"):
+            actual, reference = actual.double() * unscale, reference.double() * unscale
+        assert_close_to_reference(name, actual, reference.reshape(actual.shape), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)

@@ -6,7 +6,8 @@
 // per block of `tokens_per_loop` tokens:
 //   pass 1, token by token, over the hidden tiles: float64 lanes of g = sum_h go * v and
 //           wv = sum_h w * v for all N+1 rows  ->  gs = p (g - sum_j p_j g_j),
-//           a = gs r, c = gs wv r^3 / H    (float64, stored as float32)
+//           a = gs r, c = gs wv r^3 / H    (float64, stored as float32);
+//           16-bit inputs add their terms in short float32 runs first (kernel_loops.h, kRunGroups)
 //   pass 2, token by token, over the hidden tiles, rows still in cache:
 //           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
 //           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
@@ -98,20 +99,41 @@ inline void grad_tile(const T* const* rows, T* const* grads, const T* next_go,
   for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
 }
 
-// a and c of one token's rows from the reduced sums (scalar code, the same for every token), in
-// float64 until stored: gs subtracts sum_j p_j g_j from g, which cancels. g: [N+1] scratch.
-inline void row_coefficients(const D16* g_lanes, const D16* wv_lanes, const float* inv_norm, int64_t row_num,
-                             int64_t hidden, const RowCoefficients& k, double* g) {
+// a and c of one token's rows from its sums g = sum go v and wv = sum w v (scalar code, the same
+// for every token), in float64 until stored: gs subtracts sum_j p_j g_j from g, which cancels.
+inline void row_coefficients(const double* g, const double* wv, const float* inv_norm, int64_t row_num,
+                             int64_t hidden, const RowCoefficients& k) {
   double pg = 0.0;  // sum_j p_j g_j, rows in order
-  for (int64_t i = 0; i < row_num; ++i) {
-    g[i] = lane_sum(g_lanes[i]);
-    pg += static_cast<double>(k.p[i]) * g[i];
-  }
+  for (int64_t i = 0; i < row_num; ++i) pg += static_cast<double>(k.p[i]) * g[i];
   for (int64_t i = 0; i < row_num; ++i) {
     const double r = inv_norm[i];
     const double gs = k.p[i] * (g[i] - pg);
     k.a[i] = static_cast<float>(gs * r);
-    k.c[i] = static_cast<float>(gs * lane_sum(wv_lanes[i]) * r * r * r / static_cast<double>(hidden));
+    k.c[i] = static_cast<float>(gs * wv[i] * r * r * r / static_cast<double>(hidden));
+  }
+}
+
+// The rows whose run sums may have lost bits (kRunMinSum; the runs sum exactly a zero row's sums,
+// and every row's g when go is zero): summed again in float64 lanes, their sums replaced. go_wide:
+// [H_pad] scratch, filled with go in float64 the first time a row needs it.
+template <typename T>
+inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const T* go, const double* w,
+                                      int64_t hidden, double* go_wide, double* g, double* wv) {
+  int go_is_zero = -1;  // not known yet
+  bool widened = false;
+  for (int64_t i = 0; i < row_num; ++i) {
+    if (std::isfinite(g[i]) && std::isfinite(wv[i])) {
+      const bool g_small = std::fabs(g[i]) < kRunMinSum, wv_small = std::fabs(wv[i]) < kRunMinSum;
+      if (!g_small && !wv_small) continue;
+      if (is_zero_row(rows[i], hidden)) continue;
+      if (!wv_small) {
+        if (go_is_zero < 0) go_is_zero = is_zero_row(go, hidden) ? 1 : 0;
+        if (go_is_zero == 1) continue;
+      }
+    }
+    if (!widened) to_wide_lane_layout(go, hidden, go_wide);
+    widened = true;
+    sum_row_in_float64<false>(rows[i], go_wide, w, hidden, &g[i], &wv[i]);
   }
 }
 
@@ -135,6 +157,8 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
   score_weight(norm_weight, proj_weight, hidden, w.data());
   std::vector<double> w_wide(hidden_pad);  // [H_pad] the same, exact in float64: pass 1's sums
   wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
+  // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
+  const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(w.data(), w_wide.data(), hidden_pad);
   const bool stream = args.stream_stores && can_stream<T>(grad_partial, hidden) &&
                       (blocks == 0 || can_stream<T>(grad_blocks, hidden));
 
@@ -143,9 +167,10 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] value rows of the block's tokens
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
-    std::vector<double> g(rows);                                // [N+1] scratch
+    std::vector<double> g(rows), wv(rows);                      // [N+1] the token's sums, reduced
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
-    std::vector<double> go_wide(hidden_pad);  // [H_pad] grad_hidden_states[t] as float64 for pass 1, ditto
+    std::vector<double> go_wide(hidden_pad);  // [H_pad] grad_hidden_states[t] as float64 for the float64 lanes, ditto
+    VectorArray<RunSums> runs(rows);          // [N+1] float32 runs in progress (16-bit inputs)
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
     LaneArray g_lanes(rows), wv_lanes(rows);                    // [N+1] lanes of the token in pass 1
     std::vector<const T*> next_rows(rows);                       // [N+1] rows to prefetch
@@ -174,18 +199,37 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
             token_rows[i] = value_row(block_res, partial_block, t, i, blocks, hidden);
             token_grads[i] = i < blocks ? grad_blocks + (t * blocks + i) * hidden : grad_partial + t * hidden;
           }
-          for (int64_t i = 0; i < rows; ++i) g_lanes[i] = wv_lanes[i] = dzero();
-          to_wide_lane_layout(grad_hidden + t * hidden, hidden, go_wide.data());
+          for (int64_t i = 0; i < rows; ++i) {
+            g_lanes[i] = wv_lanes[i] = dzero();
+            runs[i] = {vzero(), vzero()};
+          }
+          const T* go_row = grad_hidden + t * hidden;
+          if (!in_runs) to_wide_lane_layout(go_row, hidden, go_wide.data());
           const T* const* next = rows_to_prefetch(t);
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
-                                  tiles.end(tile), g_lanes.data(), wv_lanes.data(), next);
+            if (in_runs) {
+              if constexpr (sizeof(T) == 2) {  // in_runs is never true for float32
+                add_runs_rows<false>(token_rows, rows, go_row, w.data(), tiles.begin(tile), tiles.end(tile), hidden,
+                                     runs.data(), g_lanes.data(), wv_lanes.data(), next);
+              }
+            } else {
+              dot_lanes_rows<false>(token_rows, rows, go_wide.data(), w_wide.data(), tiles.begin(tile),
+                                    tiles.end(tile), g_lanes.data(), wv_lanes.data(), next);
+            }
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            g[i] = lane_sum(g_lanes[i]);
+            wv[i] = lane_sum(wv_lanes[i]);
+          }
+          if (in_runs) {
+            resum_rows_that_lost_bits(token_rows, rows, go_row, w_wide.data(), hidden, go_wide.data(), g.data(),
+                                      wv.data());
           }
           const RowCoefficients k{coefficients.data() + b * rows,
                                   coefficients.data() + (block_tokens + b) * rows,
                                   coefficients.data() + (2 * block_tokens + b) * rows};
           std::memcpy(k.p, args.probs + t * rows, rows * sizeof(float));
-          row_coefficients(g_lanes.data(), wv_lanes.data(), args.inv_norm + t * rows, rows, hidden, k, g.data());
+          row_coefficients(g.data(), wv.data(), args.inv_norm + t * rows, rows, hidden, k);
         }
         // Pass 2: input gradients and the chunk row, token by token (the chunk row's order).
         for (int64_t t = t0; t < t1; ++t) {

@@ -53,120 +53,20 @@ inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_
   }
 }
 
-// ---------------------------------------------------------------------------
-// Pass 1 of the 16-bit types: float32 runs folded into the float64 lanes.
-//
-// A bfloat16 or float16 value has at most 11 significant bits and the score weight
-// w = norm_weight * proj_weight at most 22, so w is a float32 value (checked per call: outside
-// float32's range it need not be, and the call then sums as float32 inputs do). v*v is then exact
-// in float32, and so is v*w for bfloat16 (8 + 16 bits); float16's v*w rounds once, inside its fused
-// multiply-add. The terms of a run of kRunGroups consecutive groups (runs at fixed places of H,
-// carried across hidden tiles) are added lane by lane with float32 fused multiply-adds, and each
-// run's sum is added into the float64 lanes once: the float64 work drops from widening every
-// value to widening one sum per run, for at most kRunGroups - 1 float32 roundings per lane and run.
-// A row whose sums come out non-finite (float32 overflow: values or products beyond 3.4e38) or
-// whose sum of squares is below kRunMinSquares (float32 would have lost bits to subnormals) is
-// summed again in float64 lanes.
-constexpr int64_t kRunGroups = 8;
-constexpr int64_t kRunElements = kRunGroups * kLanes;
-constexpr double kRunMinSquares = 0x1p-60;
-
-// The float32 sums of one row's run in progress.
-struct RunSums {
-  V16 squares, scores;
-};
-
-// Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
-// completes, or reaches H, to the rows' float64 lanes. next (or null): rows whose lines at h are
-// prefetched.
-template <int kRows, typename T>
-inline void add_runs(const T* const* rows, const float* w, int64_t h0, int64_t h1, int64_t hidden, RunSums* runs,
-                     D16* square_lanes, D16* score_lanes, const T* const* next) {
-  const D16 one = widen(vset(1.0f));
-  V16 squares[kRows], scores[kRows];  // in registers, since every loop over r is unrolled (else: the stack)
-#pragma GCC unroll 16
-  for (int r = 0; r < kRows; ++r) {
-    squares[r] = runs[r].squares;
-    scores[r] = runs[r].scores;
-  }
-  for (int64_t h = h0; h < h1;) {
-    const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
-    for (; h + kLanes <= stop; h += kLanes) {
-      const V16 wv = vload(w + h);
-#pragma GCC unroll 16
-      for (int r = 0; r < kRows; ++r) {
-        if (next != nullptr) prefetch_l2(next[r] + h);
-        const V16 v = vload(rows[r] + h);
-        squares[r] = vfma(v, v, squares[r]);
-        scores[r] = vfma(v, wv, scores[r]);
-      }
-    }
-    if (h < stop) {  // the last, partial group (stop == H), zero padded
-      const V16 wv = vload(w + h);
-#pragma GCC unroll 16
-      for (int r = 0; r < kRows; ++r) {
-        const V16 v = vload_partial(rows[r] + h, stop - h);
-        squares[r] = vfma(v, v, squares[r]);
-        scores[r] = vfma(v, wv, scores[r]);
-      }
-      h = stop;
-    }
-    if (h % kRunElements == 0 || h == hidden) {  // x * 1 + lanes: one float64 addition
-#pragma GCC unroll 16
-      for (int r = 0; r < kRows; ++r) {
-        square_lanes[r] = dfma(widen(squares[r]), one, square_lanes[r]);
-        score_lanes[r] = dfma(widen(scores[r]), one, score_lanes[r]);
-        squares[r] = scores[r] = vzero();
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < kRows; ++r) {
-    runs[r].squares = squares[r];
-    runs[r].scores = scores[r];
-  }
-}
-
-// Rows add_runs reads at once: all of a token's rows up to nine, whose 18 run sums stay in
-// AVX-512's registers (AVX2 spills some, and was faster so too: docs/kernels.md, performance notes).
-constexpr int kRunRows = 9;
-
-// add_runs for all rows of one token over [h0, h1), up to kRunRows at a time.
-template <typename T>
-inline void add_runs_rows(const T* const* rows, int64_t row_num, const float* w, int64_t h0, int64_t h1,
-                          int64_t hidden, RunSums* runs, D16* square_lanes, D16* score_lanes, const T* const* next) {
-  for_row_groups<kRunRows>(row_num, [&](auto k, int64_t i) {
-    add_runs<decltype(k)::value>(rows + i, w, h0, h1, hidden, runs + i, square_lanes + i, score_lanes + i,
-                                 next != nullptr ? next + i : nullptr);
-  });
-}
-
-// The rows whose run sums lost bits (see kRunMinSquares): summed again in float64 lanes over all of
-// H, their reduced sums replaced.
+// The rows whose run sums may have lost bits (kRunMinSum, for the sum of squares; a zero row's are
+// exact): summed again in float64 lanes, their reduced sums replaced.
 template <typename T>
 inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const double* w, int64_t hidden,
                                       double* square_sums, double* score_sums) {
   for (int64_t i = 0; i < row_num; ++i) {
-    const double squares = square_sums[i];
-    if (squares >= kRunMinSquares && std::isfinite(squares) && std::isfinite(score_sums[i])) continue;
-    D16 square_lanes = dzero(), score_lanes = dzero();
-    dot_lanes_1<true>(rows[i], static_cast<const double*>(nullptr), w, 0, hidden, square_lanes, score_lanes);
-    square_sums[i] = lane_sum(square_lanes);
-    score_sums[i] = lane_sum(score_lanes);
+    if (!std::isfinite(square_sums[i]) || !std::isfinite(score_sums[i])) {
+      sum_row_in_float64<true>(rows[i], static_cast<const double*>(nullptr), w, hidden, &square_sums[i],
+                               &score_sums[i]);
+    } else if (square_sums[i] < kRunMinSum && !is_zero_row(rows[i], hidden)) {
+      sum_row_in_float64<true>(rows[i], static_cast<const double*>(nullptr), w, hidden, &square_sums[i],
+                               &score_sums[i]);
+    }
   }
-}
-
-// The score weight in float32, in the lane layout of T, when every element of the exact float64
-// one (`wide`) is a float32 value; else empty.
-template <typename T>
-inline std::vector<float> float32_score_weight(const T* norm_weight, const T* proj_weight,
-                                               const std::vector<double>& wide, int64_t hidden) {
-  std::vector<float> w(wide.size());
-  score_weight(norm_weight, proj_weight, hidden, w.data());
-  for (size_t h = 0; h < w.size(); ++h) {
-    if (static_cast<double>(w[h]) != wide[h]) return {};
-  }
-  return w;
 }
 
 // inv_norm and probs of one token's rows from their reduced sums (scalar code, the same for every
@@ -204,11 +104,10 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                     w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
-  const std::vector<float> narrow_w =  // 16-bit inputs: pass 1 in float32 runs when it is exact
-      sizeof(T) == 2 ? float32_score_weight(static_cast<const T*>(args.norm_weight),
-                                            static_cast<const T*>(args.proj_weight), w, hidden)
-                     : std::vector<float>();
-  const bool in_runs = !narrow_w.empty();
+  std::vector<float> narrow_w(w.size());  // [H_pad] the same in float32: the runs' (16-bit inputs)
+  score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
+               narrow_w.data());
+  const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(narrow_w.data(), w.data(), w.size());
 
   // One task per core of the tiling; scratch is the task's own.
   const auto core_task = [&](int64_t core) {
@@ -244,8 +143,8 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (in_runs) {
             if constexpr (sizeof(T) == 2) {  // in_runs is never true for float32
-              add_runs_rows(token_rows, rows, narrow_w.data(), tiles.begin(tile), tiles.end(tile), hidden,
-                            runs.data(), square_lanes.data(), score_lanes.data(), next);
+              add_runs_rows<true>(token_rows, rows, static_cast<const T*>(nullptr), narrow_w.data(), tiles.begin(tile),
+                                  tiles.end(tile), hidden, runs.data(), square_lanes.data(), score_lanes.data(), next);
             }
           } else {
             dot_lanes_rows<true>(token_rows, rows, static_cast<const double*>(nullptr), w.data(), tiles.begin(tile),

@@ -207,6 +207,125 @@ inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* 
   }
 }
 
+// ---------------------------------------------------------------------------
+// Pass 1 of the 16-bit types: float32 runs folded into the float64 lanes.
+//
+// A bfloat16 or float16 value has at most 11 significant bits and the score weight
+// w = norm_weight * proj_weight at most 22, so w is a float32 value (checked per call: outside
+// float32's range it need not be, and the call then sums as float32 inputs do). The products of
+// two values (the forward's v*v, the backward's v*go) are then exact in float32, and so is v*w for
+// bfloat16 (8 + 16 bits); float16's v*w rounds once, inside its fused multiply-add. The terms of a
+// run of kRunGroups consecutive groups (runs at fixed places of H, carried across hidden tiles) are
+// added lane by lane with float32 fused multiply-adds, and each run's sum is added into the float64
+// lanes once: the float64 work drops from widening every value to widening one sum per run, for
+// at most kRunGroups - 1 float32 roundings per lane and run. Where float32 may have lost more than
+// that, a kernel sums the row again in float64 lanes (sum_row_in_float64): a sum that comes out
+// non-finite (float32 overflow: values or products beyond 3.4e38), or one below kRunMinSum, where
+// float32 subnormals (an error of up to 2^-150 per term) may have cost bits. Rows the runs sum
+// exactly need not be summed again: a zero row's sums are zero.
+constexpr int64_t kRunGroups = 8;
+constexpr int64_t kRunElements = kRunGroups * kLanes;
+constexpr double kRunMinSum = 0x1p-60;
+
+// The float32 sums of one row's run in progress: of v*x (x = v itself in the forward) and v*w.
+struct RunSums {
+  V16 x, w;
+};
+
+// Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
+// completes, or reaches H, to the rows' float64 lanes. x: the shared row of the sums with x (the
+// backward's go, as T; unused with kSquares), w: the score weight as float32 in the lane layout of T.
+// next (or null): rows whose lines at h are prefetched.
+template <int kRows, bool kSquares, typename T>
+inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1, int64_t hidden,
+                     RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
+  const D16 one = widen(vset(1.0f));
+  V16 x_sums[kRows], w_sums[kRows];  // in registers, since every loop over r is unrolled (else: the stack)
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    x_sums[r] = runs[r].x;
+    w_sums[r] = runs[r].w;
+  }
+  for (int64_t h = h0; h < h1;) {
+    const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
+    for (; h + kLanes <= stop; h += kLanes) {
+      const V16 wv = vload(w + h);
+      V16 xv;
+      if (!kSquares) xv = vload(x + h);
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        if (next != nullptr) prefetch_l2(next[r] + h);
+        const V16 v = vload(rows[r] + h);
+        x_sums[r] = vfma(v, kSquares ? v : xv, x_sums[r]);
+        w_sums[r] = vfma(v, wv, w_sums[r]);
+      }
+    }
+    if (h < stop) {  // the last, partial group (stop == H), zero padded
+      const V16 wv = vload(w + h);
+      V16 xv;
+      if (!kSquares) xv = vload_partial(x + h, stop - h);
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        const V16 v = vload_partial(rows[r] + h, stop - h);
+        x_sums[r] = vfma(v, kSquares ? v : xv, x_sums[r]);
+        w_sums[r] = vfma(v, wv, w_sums[r]);
+      }
+      h = stop;
+    }
+    if (h % kRunElements == 0 || h == hidden) {  // x * 1 + lanes: one float64 addition
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) {
+        x_lanes[r] = dfma(widen(x_sums[r]), one, x_lanes[r]);
+        w_lanes[r] = dfma(widen(w_sums[r]), one, w_lanes[r]);
+        x_sums[r] = w_sums[r] = vzero();
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+    runs[r].x = x_sums[r];
+    runs[r].w = w_sums[r];
+  }
+}
+
+// Rows add_runs reads at once: all of a token's rows up to nine, whose 18 run sums stay in
+// AVX-512's registers (AVX2 spills some, and was faster so too: docs/kernels.md, performance notes).
+constexpr int kRunRows = 9;
+
+// add_runs for all rows of one token over [h0, h1), up to kRunRows at a time.
+template <bool kSquares, typename T>
+inline void add_runs_rows(const T* const* rows, int64_t row_num, const T* x, const float* w, int64_t h0, int64_t h1,
+                          int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
+  for_row_groups<kRunRows>(row_num, [&](auto k, int64_t i) {
+    add_runs<decltype(k)::value, kSquares>(rows + i, x, w, h0, h1, hidden, runs + i, x_lanes + i, w_lanes + i,
+                                           next != nullptr ? next + i : nullptr);
+  });
+}
+
+// One row's two sums over all of H in float64 lanes, reduced (the runs' fallback). x, w as for
+// dot_lanes_1.
+template <bool kSquares, typename T>
+inline void sum_row_in_float64(const T* row, const double* x, const double* w, int64_t hidden, double* x_sum,
+                               double* w_sum) {
+  D16 x_lanes = dzero(), w_lanes = dzero();
+  dot_lanes_1<kSquares>(row, x, w, 0, hidden, x_lanes, w_lanes);
+  *x_sum = lane_sum(x_lanes);
+  *w_sum = lane_sum(w_lanes);
+}
+
+// Whether every element of a row is zero (either sign).
+template <typename T>
+inline bool is_zero_row(const T* row, int64_t hidden) {
+  for (int64_t h = 0; h < hidden; ++h) {
+    if constexpr (sizeof(T) == 2) {
+      if ((row[h].bits & 0x7fffu) != 0) return false;
+    } else if (row[h] != 0.0f) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // A row of T as float32 in the lane layout of T, zero padded: [H_pad]
 template <typename T>
 inline void to_lane_layout(const T* row, int64_t hidden, float* out) {
@@ -245,3 +364,12 @@ inline void score_weight(const T* norm_weight, const T* proj_weight, int64_t hid
   }
 }
 
+
+// Whether the float32 score weight (score_weight) equals the exact one (wide_score_weight) in every
+// element, padding included: then the 16-bit types' pass 1 may sum in float32 runs.
+inline bool score_weight_is_float32(const float* w, const double* wide, int64_t hidden_pad) {
+  for (int64_t h = 0; h < hidden_pad; ++h) {
+    if (static_cast<double>(w[h]) != wide[h]) return false;
+  }
+  return true;
+}

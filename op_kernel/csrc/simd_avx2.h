@@ -59,20 +59,30 @@ inline V16 vload(const FP16* p) {
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(raw)), _mm256_cvtph_ps(_mm256_extracti128_si256(raw, 1))};
 }
 
-// float32 -> bfloat16, round to nearest even, NaN -> 0x7fc0, 8 at a time: the 16-bit
-// result in the top half of each 32-bit slot (the bottom half is garbage).
-inline __m256i bf16_high_bits(__m256 x) {
+// float32 -> bfloat16, round to nearest even, 8 at a time, for numbers (a NaN may come out as
+// anything): the 16-bit result in the top half of each 32-bit slot (the bottom half is garbage).
+inline __m256i bf16_rounded_high_bits(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+}
+
+// The same with NaN -> 0x7fc0.
+inline __m256i bf16_high_bits(__m256 x) {
   const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bf16_rounded_high_bits(x)),
                                               _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan));
 }
 
-// The inverse of vload(const BF16*): even elements from lo, odd from hi, in memory order.
+// The inverse of vload(const BF16*): even elements from lo, odd from hi, in memory order. One
+// comparison finds a NaN in either half; only then do the halves take the blend that makes it 0x7fc0
+// (on this path's CPUs a blend costs more than the rounding, and NaN outputs are rare).
 inline __m256i pack_bf16_integer(V16 v) {
-  return _mm256_blend_epi16(_mm256_srli_epi32(bf16_high_bits(v.lo), 16), bf16_high_bits(v.hi), 0xaa);
+  if (_mm256_movemask_ps(_mm256_cmp_ps(v.lo, v.hi, _CMP_UNORD_Q)) != 0) {
+    return _mm256_blend_epi16(_mm256_srli_epi32(bf16_high_bits(v.lo), 16), bf16_high_bits(v.hi), 0xaa);
+  }
+  return _mm256_blend_epi16(_mm256_srli_epi32(bf16_rounded_high_bits(v.lo), 16), bf16_rounded_high_bits(v.hi),
+                            0xaa);
 }
 
 inline __m256i pack_bf16(V16 v) { return pack_bf16_integer(v); }
