@@ -41,7 +41,7 @@ from attnres_ge.ge_plugin.ops import op_for_type
 from attnres_ge.op_host.tiling_base import CompileInfo
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_kernel.buffer_pool import BufferPool
-from attnres_ge.op_kernel.host_memory import planned_huge_page_bytes
+from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import HostRuntime, ShapePlan, default_runtime
 from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta
 
@@ -213,7 +213,7 @@ def _cpp_graph_node(compiled: CompiledGraph):
         functools.partial(CompiledGraph.plan_single_op, graph),
         functools.partial(CompiledGraph.run, graph),
         op.buffers.max_shapes,
-        planned_huge_page_bytes(),
+        huge_page_min_bytes(),
     )
 
 

@@ -8,8 +8,8 @@ not built, runs `run_eager` here; the local GE's compiled nodes use the same ext
 
 Eager (the two-phase flow of an aclnn call): the launcher's plan for these inputs
 (validation by the prototype's InferDataType/InferShape, then Tiling; cached per
-input signature), fresh contiguous outputs (huge-page backed when large: see
-op_kernel/host_memory), the kernel. Fake: the same validation,
+input signature), fresh contiguous outputs (from the C++ entry's huge-page pool when
+large: ge_plugin/csrc/huge_page_pool.h), the kernel. Fake: the same validation,
 then empty outputs of the inferred shapes, so torch.compile sees exactly what the
 graph's InferShape will.
 """
@@ -23,7 +23,7 @@ import torch
 from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.ops import NAMESPACE, TorchOp
 from attnres_ge.op_kernel import KERNELS, OpKernel
-from attnres_ge.op_kernel.host_memory import empty_output, from_huge_page_pool
+from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, default_runtime
 from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
 
@@ -33,11 +33,18 @@ LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _eager_ops: dict[str, OpKernel] = {}  # torch op name -> its kernels, for the C++ entry's first calls
 
 
+def _empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh output: the C++ entry's (from its huge-page pool when large), else torch's allocator."""
+    if cpp_entry.MODULE is not None:
+        return cpp_entry.MODULE.empty_output(shape, dtype)
+    return torch.empty(shape, dtype=dtype)
+
+
 def _launch(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping):
     runtime = default_runtime()
     plan = runtime.plan(op, tensors, attrs, WHERE_EAGER)
     tensors = [tensor.contiguous() for tensor in tensors]
-    outputs = tuple(empty_output(meta.shape, meta.dtype) for meta in plan.outputs)
+    outputs = tuple(_empty_output(meta.shape, meta.dtype) for meta in plan.outputs)
     runtime.run_kernel(plan, tensors, outputs)
     return outputs, plan
 
@@ -55,17 +62,15 @@ def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Map
 
 def _first_call(op_name: str, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
     """The C++ entry's call for an eager input signature it has not cached: run_eager's outputs, and the
-    repeatable launch (None when outputs come from the huge-page pool, whose mappings Python hands out)."""
+    repeatable launch (None while the Python kernels run)."""
     outputs, plan = _launch(_eager_ops[op_name], tensors, attrs)
-    if any(from_huge_page_pool(meta.shape, meta.dtype) for meta in plan.outputs):
-        return outputs, None
     return outputs, plan.repeatable_launch()
 
 
 def _install_cpp_entry() -> bool:
     if cpp_entry.MODULE is None:
         return False
-    cpp_entry.MODULE.install(_first_call, PLAN_CACHE_SIZE)
+    cpp_entry.MODULE.install(_first_call, PLAN_CACHE_SIZE, huge_page_min_bytes())
     KERNELS.switch_listeners.append(cpp_entry.MODULE.forget)
     return True
 

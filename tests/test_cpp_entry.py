@@ -17,7 +17,6 @@ from conftest import assert_bitwise_equal, make_inputs
 import attnres_ge
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import op_common
-from attnres_ge.op_kernel import host_memory
 
 pytestmark = pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
 
@@ -122,14 +121,20 @@ def test_python_kernels_are_never_repeated_from_the_cache(python_entry_calls):
     assert len(python_entry_calls) == 3
 
 
-def test_outputs_from_the_huge_page_pool_are_never_repeated_from_the_cache(python_entry_calls, monkeypatch):
-    if not host_memory.huge_pages_available():
-        pytest.skip("transparent huge pages are off on this machine")
-    monkeypatch.setattr(host_memory, "MIN_HUGE_BYTES", 1)  # every output now comes from the pool
-    inputs = make_inputs(12, 2, 16, seed=10)
-    forward_op(*inputs, -1, 1e-6, True)
-    forward_op(*inputs, -1, 1e-6, True)
-    assert len(python_entry_calls) == 2
+def test_outputs_from_the_huge_page_pool_are_repeated_from_the_cache(python_entry_calls):
+    from attnres_ge.ge_plugin import _cpp_entry
+
+    pool = _cpp_entry.HugePagePool(1 << 40)
+    previous = _cpp_entry.use_output_pool(pool, 1)  # every output now comes from the pool
+    try:
+        inputs = make_inputs(12, 2, 16, seed=10)
+        first = forward_op(*inputs, -1, 1e-6, True)
+        again = forward_op(*inputs, -1, 1e-6, True)
+    finally:
+        _cpp_entry.use_output_pool(*previous)
+    assert len(python_entry_calls) == 1 and pool.mapped == 6
+    for name, a, b in zip(FORWARD_NAMES, again, first, strict=True):
+        assert_bitwise_equal(name, a, b)
 
 
 def test_autograd_in_cpp_with_statistics_recomputed_when_not_saved():

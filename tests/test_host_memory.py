@@ -1,4 +1,5 @@
-"""The eager path's huge-page output pool: reuse only memory no tensor uses any more."""
+"""The eager path's huge-page output pool (ge_plugin/csrc/huge_page_pool.h): reuse only memory no tensor
+uses any more."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ import torch
 from conftest import make_inputs
 from test_buffer_reuse import HOLDERS, keep_view
 
+from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.op_kernel import host_memory
-from attnres_ge.op_kernel.host_memory import HUGE_PAGE, HugePagePool
+from attnres_ge.op_kernel.host_memory import HUGE_PAGE
+
+pytestmark = pytest.mark.skipif(cpp_entry.MODULE is None, reason="the C++ entry, which holds the pool, is not built")
 
 SHAPE = (1024, 1024, 2)  # 8 MiB of float32
+UNCAPPED = 1 << 40
+
+
+def make_pool(max_idle_bytes: int = UNCAPPED):
+    return cpp_entry.MODULE.HugePagePool(max_idle_bytes)
 
 
 def test_a_mapping_is_reused_only_after_every_tensor_and_view_is_gone():
-    pool = HugePagePool()
+    pool = make_pool()
     first = pool.empty(SHAPE, torch.float32)
     first.fill_(7.0)
     view = first[1:3]
@@ -35,7 +44,7 @@ def test_a_mapping_is_reused_only_after_every_tensor_and_view_is_gone():
 @pytest.mark.parametrize("holder", HOLDERS, ids=lambda holder: holder.__name__)
 def test_every_way_of_holding_an_output_keeps_it_intact(holder):
     """The holders of the graph buffers' test (tests/test_buffer_reuse.py), on the eager pool."""
-    pool = HugePagePool()
+    pool = make_pool()
     first = pool.empty(SHAPE, torch.float32)
     first.copy_(torch.arange(first.numel(), dtype=torch.float32).view(SHAPE))
     snapshot = first.clone()
@@ -49,7 +58,7 @@ def test_every_way_of_holding_an_output_keeps_it_intact(holder):
 
 
 def test_a_tensor_saved_by_autograd_keeps_its_mapping():
-    pool = HugePagePool()
+    pool = make_pool()
     saved = pool.empty(SHAPE, torch.float32).fill_(1.0)
     leaf = torch.ones(SHAPE, requires_grad=True)
     product = leaf * saved  # autograd saves `saved` for the backward
@@ -62,8 +71,17 @@ def test_a_tensor_saved_by_autograd_keeps_its_mapping():
     assert torch.all(leaf.grad == 1.0)
 
 
+def test_a_tensor_outlives_the_pool_object_that_made_it():
+    pool = make_pool()
+    kept = pool.empty(SHAPE, torch.float32).fill_(3.0)
+    del pool  # the mapping's deleter holds the pool: it goes with the last tensor
+    gc.collect()
+    assert torch.all(kept == 3.0)
+    del kept
+
+
 def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
-    pool = HugePagePool(max_idle_bytes=HUGE_PAGE * 4)
+    pool = make_pool(max_idle_bytes=HUGE_PAGE * 4)
     tensors = [pool.empty(SHAPE, torch.float32) for _ in range(3)]  # 4 huge pages each
     assert pool.in_use_bytes() == 3 * 4 * HUGE_PAGE and pool.idle_bytes() == 0
     del tensors
@@ -72,7 +90,7 @@ def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
 
 def test_the_idle_cap_holds_after_a_threaded_burst():
     cap = 24 * HUGE_PAGE
-    pool = HugePagePool(max_idle_bytes=cap)
+    pool = make_pool(max_idle_bytes=cap)
     start = threading.Barrier(6)
     wrong_sizes = []  # an assert in a thread would not fail the test
 
@@ -95,23 +113,36 @@ def test_the_idle_cap_holds_after_a_threaded_burst():
     assert 0 < pool.idle_bytes() <= cap, f"{pool.idle_bytes() >> 20} MiB idle after the burst, cap {cap >> 20} MiB"
 
 
-def test_eager_outputs_come_from_the_pool_and_stay_correct(monkeypatch):
-    pool = HugePagePool()
-    monkeypatch.setattr(host_memory, "_pool", pool)
-    monkeypatch.setattr(host_memory, "huge_pages_available", lambda: True)
+@pytest.fixture
+def own_output_pool():
+    """Eager outputs of MIN_HUGE_BYTES or more from a pool of this test's (whatever this machine's THP mode)."""
+    pool = make_pool()
+    previous = cpp_entry.MODULE.use_output_pool(pool, host_memory.MIN_HUGE_BYTES)
+    try:
+        yield pool
+    finally:
+        cpp_entry.MODULE.use_output_pool(*previous)
+
+
+def test_eager_outputs_come_from_the_pool_and_stay_correct(own_output_pool):
+    pool = own_output_pool
     inputs = make_inputs(64, 4, 8192)  # hidden_states: 2 MiB, grad_block_res: 8 MiB
     expected = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
     held = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
     again = torch.ops.attnres.block_attention_residuals(*inputs, -1, 1e-6, True)
     for a, b, c in zip(expected, held, again, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
+    assert pool.mapped == 0, "outputs below MIN_HUGE_BYTES come from torch's allocator"
     _, inv_norm, probs = expected
     grads = torch.ops.attnres.block_attention_residuals_backward(*inputs, torch.ones(64, 8192), inv_norm, probs)
-    assert pool.mapped >= 1, "the 8 MiB gradient comes from the pool"
+    assert pool.mapped == 1, "the 8 MiB gradient comes from the pool"
     first_grad = grads[1].clone()
     grads_again = torch.ops.attnres.block_attention_residuals_backward(*inputs, torch.ones(64, 8192), inv_norm, probs)
     assert torch.equal(grads[1], first_grad), "a held output is never reused under its holder"
-    assert grads_again[1].data_ptr() != grads[1].data_ptr()
+    assert grads_again[1].data_ptr() != grads[1].data_ptr() and pool.mapped == 2
+    del grads, grads_again
+    torch.ops.attnres.block_attention_residuals_backward(*inputs, torch.ones(64, 8192), inv_norm, probs)
+    assert pool.mapped == 2, "a repeat takes a mapping no tensor uses any more"
 
 
 @pytest.mark.parametrize("value", ["0", "false"])
@@ -119,6 +150,6 @@ def test_switch_off(monkeypatch, value):
     monkeypatch.setenv(host_memory.HUGE_PAGES_ENV, value)
     host_memory.huge_pages_available.cache_clear()
     try:
-        assert not host_memory.huge_pages_available()
+        assert not host_memory.huge_pages_available() and host_memory.huge_page_min_bytes() == 0
     finally:
         host_memory.huge_pages_available.cache_clear()

@@ -19,10 +19,11 @@
 // always has, so every error message is the Python one, and hands back a repeatable launch: the
 // plan's launch record (op_kernel/csrc/launch_record.h: it knows its op's kernel and how to bind
 // the data pointers), the outputs' shapes and dtypes, the workspace size. It hands back none when
-// the Python kernels are active (or, eager, when an output comes from the huge-page pool), and
-// Python then runs the call itself. Repeats launch the very record the plan made, on the same
-// kernels: the same bits. forget() drops every cached launch (Python calls it when the kernel
-// implementation changes). Nothing here but the included autograd file knows an op.
+// the Python kernels are active, and Python then runs the call itself. Repeats launch the very
+// record the plan made, on the same kernels: the same bits. forget() drops every cached launch
+// (Python calls it when the kernel implementation changes). Large eager outputs come from a
+// huge-page pool (huge_page_pool.h), a first call's too (Python asks for them: empty_output).
+// Nothing here but the included autograd file knows an op.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -45,6 +46,7 @@
 #include <vector>
 
 #include "../../op_kernel/csrc/launch_record.h"
+#include "huge_page_pool.h"
 
 namespace py = pybind11;
 
@@ -74,9 +76,15 @@ struct KeyHash {
 
 class GraphNode;
 
+// Idle eager-output mappings kept for reuse, at most.
+constexpr int64_t kMaxIdleOutputBytes = int64_t{512} << 20;
+
 struct EntryState {
   py::object first_call;          // op_common._first_call
   size_t max_eager_signatures = 0;  // op_kernel.launcher.PLAN_CACHE_SIZE, given at install
+  // Eager outputs of output_pool_min_bytes or more come from output_pool (0: none do), given at install.
+  std::shared_ptr<HugePagePool> output_pool = std::make_shared<HugePagePool>(kMaxIdleOutputBytes);
+  int64_t output_pool_min_bytes = 0;
   std::vector<std::string> eager_ops;  // an op's index here is the first element of its eager keys
   std::mutex mutex;
   std::unordered_map<Key, std::shared_ptr<const Launch>, KeyHash> eager_launches;
@@ -128,6 +136,19 @@ std::shared_ptr<const Launch> launch_from(const py::object& answer) {
 at::Tensor empty_buffer(const OutputMeta& meta) { return at::empty(meta.sizes, at::dtype(meta.dtype)); }
 
 at::Tensor empty_workspace(int64_t bytes) { return at::empty({bytes}, at::dtype(at::kByte)); }
+
+// A fresh output of an eager call: from the huge-page pool when it is large enough, else torch's allocator.
+at::Tensor eager_output(const OutputMeta& meta) {
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(meta.dtype));
+  for (int64_t size : meta.sizes) bytes *= size;
+  std::shared_ptr<HugePagePool> pool;
+  {
+    EntryState& entry = state();
+    std::lock_guard<std::mutex> lock(entry.mutex);
+    if (entry.output_pool_min_bytes > 0 && bytes >= entry.output_pool_min_bytes) pool = entry.output_pool;
+  }
+  return pool ? pool->empty(meta.sizes, meta.dtype) : empty_buffer(meta);
+}
 
 // A buffer a graph node plans once and reuses, as op_kernel/host_memory.py's empty_planned makes it:
 // torch's allocator, and from huge_page_min_bytes on (0: never) the 2 MiB-aligned part of its memory
@@ -225,7 +246,7 @@ class EagerKernel final : public c10::OperatorKernel {
     const Key key = cacheable ? signature(op_, inputs, attr_key) : Key{};
     if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
       std::vector<at::Tensor> outputs;
-      for (const OutputMeta& meta : launch->outputs) outputs.push_back(empty_buffer(meta));
+      for (const OutputMeta& meta : launch->outputs) outputs.push_back(eager_output(meta));
       const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
       run(*launch, contiguous(inputs), outputs, workspace);
       return outputs;
@@ -386,7 +407,7 @@ class GraphNode {
   const std::vector<int64_t> input_order_, result_order_;
   const py::object plan_, run_;
   const size_t max_signatures_;
-  const int64_t huge_page_min_bytes_;  // op_kernel.host_memory.planned_huge_page_bytes()
+  const int64_t huge_page_min_bytes_;  // op_kernel.host_memory.huge_page_min_bytes()
   std::mutex mutex_;
   std::vector<Planned> planned_;  // least recently used first
   int64_t allocations_ = 0;       // storages allocated so far (tests watch reuse through it)
@@ -409,12 +430,28 @@ std::shared_ptr<GraphNode> make_graph_node(std::vector<int64_t> input_order, std
 // ---------------------------------------------------------------------------------------------- module
 
 // Makes `first_call` the Python entry for eager signatures not cached: first_call(op_name, inputs, attrs)
-// -> (outputs, repeatable launch or None); at most `max_signatures` eager signatures are cached.
-void install(py::object first_call, size_t max_signatures) {
+// -> (outputs, repeatable launch or None); at most `max_signatures` eager signatures are cached. Eager
+// outputs of `output_pool_min_bytes` or more (0: none) come from the huge-page pool.
+void install(py::object first_call, size_t max_signatures, int64_t output_pool_min_bytes) {
   EntryState& entry = state();
   if (entry.first_call) throw std::runtime_error("attnres_ge._cpp_entry: install() was called already");
   entry.first_call = std::move(first_call);
   entry.max_eager_signatures = std::max<size_t>(max_signatures, 1);
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  entry.output_pool_min_bytes = output_pool_min_bytes;
+}
+
+// Makes eager outputs of `min_bytes` or more (0: none) come from `pool`; returns the pool and size used
+// until now (tests swap in a pool of their own).
+std::pair<std::shared_ptr<HugePagePool>, int64_t> use_output_pool(std::shared_ptr<HugePagePool> pool,
+                                                                    int64_t min_bytes) {
+  if (!pool) throw std::invalid_argument("attnres_ge._cpp_entry.use_output_pool: pool must not be None");
+  EntryState& entry = state();
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  std::pair<std::shared_ptr<HugePagePool>, int64_t> previous{entry.output_pool, entry.output_pool_min_bytes};
+  entry.output_pool = std::move(pool);
+  entry.output_pool_min_bytes = min_bytes;
+  return previous;
 }
 
 // Registers the boxed EagerKernel as the CPU kernel of attnres::<op_name>.
@@ -453,8 +490,18 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   // What Python checks before using this module: a build of other sources is not used.
-  module.attr("INTERFACE_VERSION") = 3;
-  module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"));
+  module.attr("INTERFACE_VERSION") = 4;
+  module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"), py::arg("output_pool_min_bytes"));
+  module.def("empty_output", [](const std::vector<int64_t>& shape, at::ScalarType dtype) {
+    return eager_output({shape, dtype});
+  }, py::arg("shape"), py::arg("dtype"), "A fresh eager output: from the huge-page pool when large enough");
+  module.def("use_output_pool", &use_output_pool, py::arg("pool"), py::arg("min_bytes"));
+  py::class_<HugePagePool, std::shared_ptr<HugePagePool>>(module, "HugePagePool")
+      .def(py::init<int64_t>(), py::arg("max_idle_bytes"))
+      .def("empty", &HugePagePool::empty, py::arg("shape"), py::arg("dtype"))
+      .def("idle_bytes", &HugePagePool::idle_bytes)
+      .def("in_use_bytes", &HugePagePool::in_use_bytes)
+      .def_property_readonly("mapped", &HugePagePool::mapped);
   module.def("register_eager", &register_eager, py::arg("op_name"));
   module.def("register_autograd", &register_autograd);
   module.def("set_autograd_formulas", &set_autograd_formulas, py::arg("statistics_backward"),
