@@ -22,8 +22,6 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 

@@ -120,17 +120,16 @@ template <typename T>
 inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const T* go, const double* w,
                                       int64_t hidden, double* go_wide, double* g, double* wv) {
   int go_is_zero = -1;  // not known yet
+  const auto go_zero = [&] {
+    if (go_is_zero < 0) go_is_zero = is_zero_row(go, hidden) ? 1 : 0;
+    return go_is_zero == 1;
+  };
   bool widened = false;
   for (int64_t i = 0; i < row_num; ++i) {
-    if (std::isfinite(g[i]) && std::isfinite(wv[i])) {
-      const bool g_small = std::fabs(g[i]) < kRunMinSum, wv_small = std::fabs(wv[i]) < kRunMinSum;
-      if (!g_small && !wv_small) continue;
-      if (is_zero_row(rows[i], hidden)) continue;
-      if (!wv_small) {
-        if (go_is_zero < 0) go_is_zero = is_zero_row(go, hidden) ? 1 : 0;
-        if (go_is_zero == 1) continue;
-      }
-    }
+    const bool g_small = std::fabs(g[i]) < kRunMinSum, wv_small = std::fabs(wv[i]) < kRunMinSum;
+    const bool lost = !std::isfinite(g[i]) || !std::isfinite(wv[i]) ||
+                      ((g_small || wv_small) && !is_zero_row(rows[i], hidden) && (wv_small || !go_zero()));
+    if (!lost) continue;
     if (!widened) to_wide_lane_layout(go, hidden, go_wide);
     widened = true;
     sum_row_in_float64<false>(rows[i], go_wide, w, hidden, &g[i], &wv[i]);

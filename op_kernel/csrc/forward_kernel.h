@@ -59,10 +59,9 @@ template <typename T>
 inline void resum_rows_that_lost_bits(const T* const* rows, int64_t row_num, const double* w, int64_t hidden,
                                       double* square_sums, double* score_sums) {
   for (int64_t i = 0; i < row_num; ++i) {
-    if (!std::isfinite(square_sums[i]) || !std::isfinite(score_sums[i])) {
-      sum_row_in_float64<true>(rows[i], static_cast<const double*>(nullptr), w, hidden, &square_sums[i],
-                               &score_sums[i]);
-    } else if (square_sums[i] < kRunMinSum && !is_zero_row(rows[i], hidden)) {
+    const bool lost = !std::isfinite(square_sums[i]) || !std::isfinite(score_sums[i]) ||
+                      (square_sums[i] < kRunMinSum && !is_zero_row(rows[i], hidden));
+    if (lost) {
       sum_row_in_float64<true>(rows[i], static_cast<const double*>(nullptr), w, hidden, &square_sums[i],
                                &score_sums[i]);
     }
@@ -107,6 +106,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   std::vector<float> narrow_w(w.size());  // [H_pad] the same in float32: the runs' (16-bit inputs)
   score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                narrow_w.data());
+  // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
   const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(narrow_w.data(), w.data(), w.size());
 
   // One task per core of the tiling; scratch is the task's own.
