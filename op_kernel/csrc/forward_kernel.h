@@ -14,12 +14,18 @@
 
 namespace {
 
-// hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups.
+// hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups. next (or
+// null): rows whose lines over the same elements are prefetched into L2 (a null row is not).
 template <int G, bool kStream, typename T>
-inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t row_num, int64_t h, T* out) {
+inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t row_num, int64_t h, T* out,
+                                const T* const* next) {
+  constexpr int64_t kLineElements = 64 / static_cast<int64_t>(sizeof(T));
   V16 acc[G];
   for (int g = 0; g < G; ++g) acc[g] = vzero();
   for (int64_t i = 0; i < row_num; ++i) {
+    if (next != nullptr && next[i] != nullptr) {
+      for (int64_t e = 0; e < G * kLanes; e += kLineElements) prefetch_l2(next[i] + h + e);
+    }
     const V16 pi = vset(p[i]);
     for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
   }
@@ -36,21 +42,33 @@ inline void weighted_sum_partial(const T* const* rows, const float* p, int64_t r
 
 // Over [h0, h1): steps of four groups (their accumulators hide the FMA latency), then single groups
 // and the partial one; kBackwards: those last ones first, then the steps from h1 down.
+// next (or null): rows to prefetch over the same elements, as weighted_sum_groups.
 template <bool kStream, bool kBackwards, typename T>
 inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_num, int64_t h0, int64_t h1,
-                              T* out) {
+                              T* out, const T* const* next) {
   const int64_t steps_end = h0 + (h1 - h0) / (4 * kLanes) * (4 * kLanes);
   if (!kBackwards) {
-    for (int64_t h = h0; h < steps_end; h += 4 * kLanes) weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+    for (int64_t h = h0; h < steps_end; h += 4 * kLanes) {
+      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out, next);
+    }
   }
   int64_t h = steps_end;
-  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, p, row_num, h, out);
+  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, p, row_num, h, out, next);
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
   if (kBackwards) {
     for (h = steps_end - 4 * kLanes; h >= h0; h -= 4 * kLanes) {
-      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out);
+      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out, next);
     }
   }
+}
+
+// How many of the next token's rows pass 1 prefetches; pass 2 prefetches the rest. The 16-bit
+// forward leaves the last third to pass 2, whose arithmetic is then overlapped by memory reads too
+// (pass 2 is about a third of its work); float32's pass 1 is the far longer one and prefetches
+// them all (docs/kernels.md, performance notes).
+template <typename T>
+constexpr int64_t rows_prefetched_in_pass1(int64_t rows) {
+  return sizeof(T) == 2 ? rows - rows / 3 : rows;
 }
 
 // The rows whose run sums may have lost bits (kRunMinSum, for the sum of squares; a zero row's are
@@ -118,14 +136,18 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     VectorArray<RunSums> runs(rows);                      // [N+1] float32 runs in progress (16-bit inputs)
     std::vector<double> square_sums(rows), score_sums(rows);  // [N+1] its lanes, reduced once
     std::vector<double> scores(rows);                     // [N+1] scratch of norms_and_softmax
-    std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch
+    std::vector<const T*> next_rows(rows);                // [N+1] rows to prefetch (null: not in this pass)
     int64_t start, stop;
     core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
-    // The rows of token t + block_tokens (the same place in this core's next block), or null.
-    const auto rows_to_prefetch = [&](int64_t t) -> const T* const* {
-      if (t + block_tokens >= stop) return nullptr;
+    const int64_t pass1_rows = rows_prefetched_in_pass1<T>(rows);
+    // Rows [first, last) of token t + block_tokens (the same place in this core's next block), the
+    // others null; or null.
+    const auto rows_to_prefetch = [&](int64_t t, int64_t first, int64_t last) -> const T* const* {
+      if (t + block_tokens >= stop || first == last) return nullptr;
       for (int64_t i = 0; i < rows; ++i) {
-        next_rows[i] = value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden);
+        next_rows[i] = i >= first && i < last
+                           ? value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden)
+                           : nullptr;
       }
       return next_rows.data();
     };
@@ -139,7 +161,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
           square_lanes[i] = score_lanes[i] = dzero();
           runs[i] = {vzero(), vzero()};
         }
-        const T* const* next = rows_to_prefetch(t);
+        const T* const* next = rows_to_prefetch(t, 0, pass1_rows);
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (in_runs) {
             if constexpr (sizeof(T) == 2) {  // in_runs is never true for float32
@@ -166,14 +188,15 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
       for (int64_t t = t0; t < t1; ++t) {
         const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
         const float* p = probs.data() + (t - t0) * rows;
+        const T* const* next = rows_to_prefetch(t, pass1_rows, rows);
         for (int64_t step = 0; step < tiles.h_tile_num; ++step) {
           const int64_t tile = kBackwards ? tiles.h_tile_num - 1 - step : step;
           if (stream) {
             weighted_sum_tile<true, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                                hidden_states + t * hidden);
+                                                hidden_states + t * hidden, next);
           } else {
             weighted_sum_tile<false, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                                 hidden_states + t * hidden);
+                                                 hidden_states + t * hidden, next);
           }
         }
       }

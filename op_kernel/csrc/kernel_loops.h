@@ -77,8 +77,9 @@ inline void store_groups(T* p, const V16* groups) {
 // Both kernels prefetch, in pass 1, the value rows of the token a core takes up a block later,
 // into L2, line by line beside the lines of the same rows they read: the next token's memory reads
 // then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
-// once (kDotRows, kRunRows), so many memory streams are in flight. Each measured fastest on an
-// AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
+// once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves the
+// last third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
+// fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
 
 // body(std::integral_constant<int, size>{}) for 1 <= size <= K.
 template <int K, typename Body>
@@ -149,7 +150,8 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
 
 // The same for K rows at once, sharing the loads of x and w. Each row's lanes see exactly the
 // operations dot_lanes_1 would apply, so the bits do not depend on K. next_rows (or null): rows
-// whose line at h each step prefetches into L2 (the same rows of the token a core takes up next).
+// whose line at h each step prefetches into L2 (the same rows of the token a core takes up next;
+// a null row is not prefetched).
 template <int K, bool kSquares, typename T>
 inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
                         D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
@@ -166,7 +168,7 @@ inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, 
     if (!kSquares) xv = dload(x + h);
 #pragma GCC unroll 16
     for (int r = 0; r < K; ++r) {
-      if (next_rows != nullptr) prefetch_l2(next_rows[r] + h);
+      if (next_rows != nullptr && next_rows[r] != nullptr) prefetch_l2(next_rows[r] + h);
       const D16 v = widen(vload(rows[r] + h));
       xs[r] = dfma(v, kSquares ? v : xv, xs[r]);
       ys[r] = dfma(v, wv, ys[r]);
@@ -235,7 +237,7 @@ struct RunSums {
 // Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
 // completes, or reaches H, to the rows' float64 lanes. x: the shared row of the sums with x (the
 // backward's go, as T; unused with kSquares), w: the score weight as float32 in the lane layout of T.
-// next (or null): rows whose lines at h are prefetched.
+// next (or null): rows whose lines at h are prefetched (a null row is not).
 template <int kRows, bool kSquares, typename T>
 inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1, int64_t hidden,
                      RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
@@ -254,7 +256,7 @@ inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h
       if (!kSquares) xv = vload(x + h);
 #pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
-        if (next != nullptr) prefetch_l2(next[r] + h);
+        if (next != nullptr && next[r] != nullptr) prefetch_l2(next[r] + h);
         const V16 v = vload(rows[r] + h);
         x_sums[r] = vfma(v, kSquares ? v : xv, x_sums[r]);
         w_sums[r] = vfma(v, wv, w_sums[r]);
