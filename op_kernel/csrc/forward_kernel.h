@@ -121,10 +121,13 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                     w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
-  std::vector<float> narrow_w(w.size());  // [H_pad] the same in float32: the runs' (16-bit inputs)
-  score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
-               narrow_w.data());
-  // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
+  // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups), with the score
+  // weight in float32 ([H_pad]; float32 inputs never need it).
+  std::vector<float> narrow_w(sizeof(T) == 2 ? w.size() : 0);
+  if (sizeof(T) == 2) {
+    score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
+                 narrow_w.data());
+  }
   const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(narrow_w.data(), w.data(), w.size());
 
   // One task per core of the tiling; scratch is the task's own.

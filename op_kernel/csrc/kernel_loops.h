@@ -366,7 +366,6 @@ inline void score_weight(const T* norm_weight, const T* proj_weight, int64_t hid
   }
 }
 
-
 // Whether the float32 score weight (score_weight) equals the exact one (wide_score_weight) in every
 // element, padding included: then the 16-bit types' pass 1 may sum in float32 runs.
 inline bool score_weight_is_float32(const float* w, const double* wide, int64_t hidden_pad) {
