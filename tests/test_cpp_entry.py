@@ -171,6 +171,48 @@ def test_threads_repeating_a_cached_signature_get_the_same_bits():
             assert_bitwise_equal(name, a, b)
 
 
+def backward_inputs(tokens: int, blocks: int, hidden: int, seed: int) -> tuple[torch.Tensor, ...]:
+    inputs = make_inputs(tokens, blocks, hidden, seed=seed)
+    _, inv_norm, probs = forward_op(*inputs, -1, 1e-6, True)
+    return (*inputs, torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed)), inv_norm, probs)
+
+
+def test_cached_backwards_reuse_their_threads_workspace_whatever_it_holds():
+    from attnres_ge.ge_plugin import _cpp_entry
+
+    small = backward_inputs(70, 2, 24, seed=15)  # two chunk rows of workspace
+    large = backward_inputs(200, 2, 520, seed=16)  # four, each 20 times as wide: larger than any other test's
+    expected_small = backward_op(*small)  # planned in Python, now cached
+    expected_large = backward_op(*large)
+    before = _cpp_entry.kept_workspace_allocations()
+    large_repeats = [backward_op(*large) for _ in range(3)]
+    after_large = _cpp_entry.kept_workspace_allocations()
+    small_again = backward_op(*small)  # in a workspace the large calls have written
+    assert after_large - before <= 1 and _cpp_entry.kept_workspace_allocations() == after_large
+    for repeat in large_repeats:
+        for name, a, b in zip(BACKWARD_NAMES, repeat, expected_large, strict=True):
+            assert_bitwise_equal(name, a, b)
+    for name, a, b in zip(BACKWARD_NAMES, small_again, expected_small, strict=True):
+        assert_bitwise_equal(name, a, b)
+
+    results: dict[int, list] = {}
+
+    def repeat(index: int) -> None:  # each thread its own workspace: none writes another's
+        results[index] = [backward_op(*(small if (index + call) % 2 else large)) for call in range(10)]
+
+    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 4
+    for index, runs in results.items():
+        for call, grads in enumerate(runs):
+            expected = expected_small if (index + call) % 2 else expected_large
+            for name, a, b in zip(BACKWARD_NAMES, grads, expected, strict=True):
+                assert_bitwise_equal(name, a, b)
+
+
 def test_inference_mode_calls_take_the_cached_launch(python_entry_calls):
     inputs = make_inputs(7, 3, 24, seed=14)
     expected = forward_op(*inputs, -1, 1e-6, False)

@@ -22,7 +22,8 @@
 // the Python kernels are active, and Python then runs the call itself. Repeats launch the very
 // record the plan made, on the same kernels: the same bits. forget() drops every cached launch
 // (Python calls it when the kernel implementation changes). Large eager outputs come from a
-// huge-page pool (huge_page_pool.h), a first call's too (Python asks for them: empty_output).
+// huge-page pool (huge_page_pool.h), a first call's too (Python asks for them: empty_output); a
+// repeat's workspace is its calling thread's (eager_workspace).
 // Nothing here but the included autograd file knows an op.
 
 #include <ATen/Parallel.h>
@@ -37,6 +38,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -165,6 +167,26 @@ at::Tensor planned(at::Tensor buffer, int64_t huge_page_min_bytes) {
   return buffer;
 }
 
+// Eager workspaces up to this size are kept by their calling thread between calls.
+constexpr int64_t kMaxKeptWorkspaceBytes = int64_t{16} << 20;
+
+std::atomic<int64_t> g_kept_workspace_allocations{0};  // tests watch reuse through it
+
+// The workspace of a cached eager call: scratch its kernel uses only while it runs, so each calling
+// thread keeps one of up to kMaxKeptWorkspaceBytes, grown to the largest size it was asked for (a fresh
+// one costs a page fault per 4 KiB on every call: the backward's 512 KiB at T=4096, H=2048). A larger
+// one is taken as a large output is (eager_output: the huge-page pool) and returned with the call.
+at::Tensor eager_workspace(int64_t bytes) {
+  if (bytes <= 0) return at::Tensor();
+  if (bytes > kMaxKeptWorkspaceBytes) return eager_output({{bytes}, at::kByte});
+  thread_local at::Tensor kept;
+  if (!kept.defined() || kept.numel() < bytes) {
+    kept = empty_workspace(bytes);
+    ++g_kept_workspace_allocations;
+  }
+  return kept;
+}
+
 // Runs the kernel of `launch` on contiguous inputs (prototype order) and outputs of its planned shapes.
 void run(const Launch& launch, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
          const at::Tensor& workspace) {
@@ -247,8 +269,7 @@ class EagerKernel final : public c10::OperatorKernel {
     if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
       std::vector<at::Tensor> outputs;
       for (const OutputMeta& meta : launch->outputs) outputs.push_back(eager_output(meta));
-      const at::Tensor workspace = launch->workspace_bytes > 0 ? empty_workspace(launch->workspace_bytes) : at::Tensor();
-      run(*launch, contiguous(inputs), outputs, workspace);
+      run(*launch, contiguous(inputs), outputs, eager_workspace(launch->workspace_bytes));
       return outputs;
     }
     py::gil_scoped_acquire gil;
@@ -490,7 +511,7 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   // What Python checks before using this module: a build of other sources is not used.
-  module.attr("INTERFACE_VERSION") = 4;
+  module.attr("INTERFACE_VERSION") = 5;
   module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"), py::arg("output_pool_min_bytes"));
   module.def("empty_output", [](const std::vector<int64_t>& shape, at::ScalarType dtype) {
     return eager_output({shape, dtype});
@@ -508,6 +529,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("differentiable_backward"));
   module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");
   module.def("cached_launches", &cached_launches, "How many eager input signatures have a cached launch");
+  module.def("kept_workspace_allocations", [] { return g_kept_workspace_allocations.load(); },
+             "How many workspaces cached eager calls allocated to keep (all threads, so far)");
   py::class_<GraphNode, std::shared_ptr<GraphNode>>(module, "GraphNode")
       .def(py::init(&make_graph_node), py::arg("input_order"), py::arg("result_order"),
            py::arg("plan"), py::arg("run"), py::arg("max_signatures"), py::arg("huge_page_min_bytes"))
