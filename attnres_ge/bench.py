@@ -35,8 +35,12 @@ reported, and beside op-graph's the overhead of the same calls under torch.compi
 backend="eager" (what torch.compile itself costs a call of these ops), measured in the same
 rounds: op-graph's overhead includes it.
 
+--paths times everything on several of the native kernels' instruction set paths, one after the
+other in the same run. Where the goals' shape (GOAL_SHAPE) was timed, a table closes the run: per
+path and dtype, op-graph's and op-eager's fraction of the paired copy against GOALS.
+
     attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--dtypes float32 bfloat16] [--providers ...]
-                     [--rounds R] [--retries K] [--json F] [--plot F]
+                     [--paths PATH ... | all] [--rounds R] [--retries K] [--json F] [--plot F]
 """
 
 from __future__ import annotations
@@ -71,6 +75,13 @@ QUIET_COPIES = 9  # copies that measure the quiet copy rate
 # Written over before each quiet copy, so that it starts from memory as a paired copy does (after a provider's
 # call): larger than the last-level cache of common hosts.
 EVICT_BYTES = 128 << 20
+# The project's speed goals: the least fraction of the paired copy per (provider, direction), at GOAL_SHAPE,
+# on the vector paths (the scalar path is the portable fallback and has none).
+GOAL_SHAPE = (4096, 8, 2048)
+GOAL_PATHS = ("avx2", "avx512", "avx512bf16")
+GOALS = {("op-graph", "forward"): 0.90, ("op-graph", "backward"): 0.80,
+         ("op-eager", "forward"): 0.80, ("op-eager", "backward"): 0.60}
+ALL_PATHS = "all"
 
 
 @dataclass
@@ -90,6 +101,7 @@ class Measurement:
     quiet_copy_gbps: float = 0.0  # the copy alone, back to back, just before the rounds
     attempts: int = 1  # times the rounds were run (more than one: earlier ones were disturbed)
     disturbed: str = ""  # why the measurement is not to be trusted; empty when it is
+    path: str = ""  # what ran the kernels: the native kernels' instruction set path, or "python"
 
     @property
     def trusted(self) -> bool:
@@ -307,6 +319,7 @@ def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, provi
             log(f"  {provider}: unavailable ({type(error).__name__}: {error})")
     results = []
     quiet = 0.0
+    path = kernel_path()
     for direction in ("forward", "backward"):
         calls = {provider: both[direction] for provider, both in available.items()}
         for attempt in range(1, retries + 2):
@@ -326,7 +339,7 @@ def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, provi
             gbps = traffic / median / 1e9
             measurement = Measurement(shape_name, dtype_name, provider, direction, median * 1e3,
                                       _spread(call_times) * 1e3, min(call_times) * 1e3, traffic, gbps, copy_gbps,
-                                      gbps / copy_gbps, faults, quiet, attempt, reason)
+                                      gbps / copy_gbps, faults, quiet, attempt, reason, path)
             results.append(measurement)
             log("  " + describe(measurement))
     return results
@@ -342,17 +355,57 @@ def describe(m: Measurement) -> str:
 
 
 def speedups(results: list[Measurement]) -> list[dict]:
-    """Every provider's median against every other's, per shape, dtype and direction; only between trusted
+    """Every provider's median against every other's, per path, shape, dtype and direction; only between trusted
     measurements (see `disturbance`)."""
     rows = []
-    keyed = {(m.shape, m.dtype, m.direction, m.provider): m for m in results if m.trusted}
-    for (shape, dtype, direction, provider), measurement in keyed.items():
+    keyed = {(m.path, m.shape, m.dtype, m.direction, m.provider): m for m in results if m.trusted}
+    for (path, shape, dtype, direction, provider), measurement in keyed.items():
         for other in PROVIDERS:
-            baseline = keyed.get((shape, dtype, direction, other))
+            baseline = keyed.get((path, shape, dtype, direction, other))
             if baseline is not None and other != provider:
-                rows.append({"shape": shape, "dtype": dtype, "direction": direction, "provider": provider,
-                             "against": other, "speedup": baseline.median_ms / measurement.median_ms})
+                rows.append({"path": path, "shape": shape, "dtype": dtype, "direction": direction,
+                             "provider": provider, "against": other,
+                             "speedup": baseline.median_ms / measurement.median_ms})
     return rows
+
+
+def goal_rows(results: list[Measurement], shapes: dict[str, tuple[int, int, int]]) -> list[dict]:
+    """Per vector path, dtype and goal (GOALS) at GOAL_SHAPE: the fraction of the paired copy reached, and whether
+    it meets the goal (None when the measurement was disturbed: no fraction to judge)."""
+    rows = []
+    for m in results:
+        goal = GOALS.get((m.provider, m.direction))
+        if goal is None or shapes.get(m.shape) != GOAL_SHAPE or m.path not in GOAL_PATHS:
+            continue
+        fraction = m.fraction_of_copy if m.trusted else None
+        rows.append({"path": m.path, "dtype": m.dtype, "provider": m.provider, "direction": m.direction,
+                     "goal": goal, "fraction_of_copy": fraction,
+                     "met": None if fraction is None else fraction >= goal})
+    return rows
+
+
+def goal_table(rows: list[dict]) -> list[str]:
+    """goal_rows as printed lines: a column per goal, a row per path and dtype."""
+    columns = list(GOALS)
+    cells = {(r["path"], r["dtype"], r["provider"], r["direction"]): r for r in rows}
+    passes = {"forward": "fwd", "backward": "bwd"}
+    header = "".join(f"{provider.removeprefix('op-')} {passes[direction]} >= {goal:.0%}".ljust(22)
+                     for (provider, direction), goal in GOALS.items())
+    lines = [f"goals at T={GOAL_SHAPE[0]} N={GOAL_SHAPE[1]} H={GOAL_SHAPE[2]}, fraction of the paired copy:",
+             f"  {'path':<12}{'dtype':<10}{header}".rstrip()]
+    for path, dtype in dict.fromkeys((r["path"], r["dtype"]) for r in rows):
+        line = f"  {path:<12}{dtype:<10}"
+        for provider, direction in columns:
+            row = cells.get((path, dtype, provider, direction))
+            if row is None:
+                text = "not timed"
+            elif row["met"] is None:
+                text = "disturbed"
+            else:
+                text = f"{row['fraction_of_copy']:.0%} {'met' if row['met'] else 'NOT MET'}"
+            line += text.ljust(22)
+        lines.append(line.rstrip())
+    return lines
 
 
 OVERHEAD_KERNEL_MS = 1.0  # longer kernels: the overhead is lost in the kernel's own spread
@@ -391,7 +444,7 @@ def call_overheads(results: list[Measurement], shapes: dict[str, tuple[int, int,
             calls = {name: provider[direction] for name, provider in providers.items()}
             warm = paired_differences(calls, "kernel", None, rounds)
             cold = paired_differences(calls, "kernel", copy, rounds)
-            rows += [{"shape": shape, "dtype": dtype, "direction": direction, "provider": name,
+            rows += [{"path": kernel_path(), "shape": shape, "dtype": dtype, "direction": direction, "provider": name,
                       "overhead_us": 1e6 * statistics.median(warm[name]),
                       "overhead_cold_us": 1e6 * statistics.median(cold[name])} for name in warm]
     return rows
@@ -416,6 +469,31 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
         for name in differences:
             differences[name].append(times[name] - times[baseline])
     return differences
+
+
+def kernel_path() -> str:
+    """What runs the kernels now: the native kernels' instruction set path, or "python"."""
+    from attnres_ge.op_kernel import active_implementation, native
+
+    return native.isa_path() if active_implementation() == "native" else "python"
+
+
+def paths_to_time(names: list[str] | None) -> list[str]:
+    """--paths as a list of the native kernels' paths (ALL_PATHS: every one this CPU runs); [] for the path
+    the kernels run on now. ValueError naming what this CPU runs when a path cannot be timed."""
+    if not names:
+        return []
+    from attnres_ge.op_kernel import active_implementation, native
+
+    if active_implementation() != "native":
+        raise ValueError("--paths needs the native kernels; the kernels running now are the Python ones")
+    available = list(native.available_isa_paths())
+    if ALL_PATHS in names:
+        return available
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ValueError(f"--paths: this CPU cannot run {', '.join(unknown)}; it runs {', '.join(available)}")
+    return list(dict.fromkeys(names))
 
 
 def kernel_threads() -> int:
@@ -451,7 +529,7 @@ BASELINES = ("torch-eager", "torch-inductor")
 
 
 def plot(results: list[Measurement], path: str) -> bool:
-    """A PNG, one row per (shape, dtype): milliseconds of every provider, our providers' speedup over
+    """A PNG, one row per (path, shape, dtype): milliseconds of every provider, our providers' speedup over
     torch-eager and inductor, and the fraction of the paired copy; disturbed measurements are left out
     (their bars are missing and marked). False when matplotlib is missing."""
     try:
@@ -461,18 +539,19 @@ def plot(results: list[Measurement], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    groups = list(dict.fromkeys((m.shape, m.dtype) for m in results))
+    groups = list(dict.fromkeys((m.path, m.shape, m.dtype) for m in results))
     figure, axes = plt.subplots(len(groups), 3, figsize=(16, 3.6 * len(groups)), squeeze=False)
-    for row, (shape, dtype) in zip(axes, groups, strict=True):
-        group = [m for m in results if (m.shape, m.dtype) == (shape, dtype)]
+    for row, (isa_path, shape, dtype) in zip(axes, groups, strict=True):
+        group = [m for m in results if (m.path, m.shape, m.dtype) == (isa_path, shape, dtype)]
+        name = f"{shape} {dtype}" + (f" ({isa_path})" if isa_path else "")
         _bars(row[0], group, lambda m: m.median_ms, "median ms (log)", log=True)
-        row[0].set_title(f"{shape} {dtype}: time per call")
+        row[0].set_title(f"{name}: time per call")
         _speedup_bars(row[1], group)
-        row[1].set_title(f"{shape} {dtype}: speedup of our ops")
+        row[1].set_title(f"{name}: speedup of our ops")
         _bars(row[2], [m for m in group if m.provider in OUR_PROVIDERS], lambda m: 100 * m.fraction_of_copy,
               "% of paired copy")
         row[2].axhline(100, color="grey", linewidth=0.8, linestyle="--")
-        row[2].set_title(f"{shape} {dtype}: fraction of the paired copy")
+        row[2].set_title(f"{name}: fraction of the paired copy")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -540,6 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="dtypes to time (default: float32 bfloat16)")
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS),
                         metavar="PROVIDER", help=f"what to time: {', '.join(PROVIDERS)} (default: all)")
+    parser.add_argument("--paths", nargs="+", default=None, metavar="PATH",
+                        help="instruction set paths of the native kernels to time, one after the other in this run "
+                             f"(scalar, avx2, avx512, avx512bf16, or {ALL_PATHS}: every path this CPU runs; "
+                             "default: the path the kernels run on)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="timed rounds per measurement (default: 7 for large shapes, 101 for small ones)")
     parser.add_argument("--retries", type=int, default=2,
@@ -559,40 +642,76 @@ def main(argv: list[str] | None = None) -> int:
 
     import attnres_ge  # noqa: F401  (registers the torch ops)
 
-    results = []
+    try:
+        paths = paths_to_time(args.paths)
+    except ValueError as error:
+        build_parser().error(str(error))
+    results, overheads = [], []
     about = machine()
-    print(f"kernels: {about['kernel_path']}, {about['kernel_threads']} kernel threads, "
-          f"{about['torch_threads']} torch threads")
     print(f"machine: {about}")
+    for path in paths or [None]:
+        path_results, path_overheads = time_on_path(path, shapes, args)
+        results += path_results
+        overheads += path_overheads
+    ratios = speedups(results)
+    for row in ratios:
+        if row["provider"] in OUR_PROVIDERS and row["against"] not in OUR_PROVIDERS:
+            print(f"  {row['path']} {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} "
+                  f"{row['speedup']:.2f}x vs {row['against']}")
+    flagged = [m for m in results if not m.trusted]
+    if flagged:
+        print(f"{len(flagged)} measurement(s) stayed disturbed after {args.retries} rerun(s) and are not results: "
+              + ", ".join(f"{m.path} {m.shape} {m.dtype} {m.provider} {m.direction}" for m in flagged))
+    for row in overheads:
+        label = "torch.compile(backend='eager') of op-eager" if row["provider"] == COMPILED_EAGER else row["provider"]
+        print(f"  {row['path']} {row['shape']} {row['dtype']} {row['direction']}: {label} costs "
+              f"{row['overhead_us']:.1f} us per call above the kernel back to back, "
+              f"{row['overhead_cold_us']:.1f} us after a copy")
+    goals = goal_rows(results, shapes)
+    if goals:
+        print("\n".join(goal_table(goals)))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
+                       "speedups": ratios, "overheads": overheads, "goals": goals}, handle, indent=1)
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")
+    return 0
+
+
+def time_on_path(path: str | None, shapes: dict[str, tuple[int, int, int]],
+                 args: argparse.Namespace) -> tuple[list[Measurement], list[dict]]:
+    """time_cases with the native kernels on `path`, then back on the path they ran on before; None: on the
+    kernels as they run now."""
+    if path is None:
+        return time_cases(shapes, args)
+    from attnres_ge.op_kernel import native
+
+    before = native.isa_path()
+    native.use_isa_path(path)
+    try:
+        return time_cases(shapes, args)
+    finally:
+        native.use_isa_path(before)
+
+
+def time_cases(shapes: dict[str, tuple[int, int, int]],
+               args: argparse.Namespace) -> tuple[list[Measurement], list[dict]]:
+    """Every shape and dtype of the run on the kernels as they run now: the measurements, then the per-call
+    overheads of the short ones."""
+    from attnres_ge.op_kernel import describe_implementation
+
+    print(f"kernels: {describe_implementation()}, {kernel_threads()} kernel threads, "
+          f"{torch.get_num_threads()} torch threads")
+    results = []
     for shape_name, shape in shapes.items():
         tokens, blocks, hidden = shape
         rounds = args.rounds or (7 if tokens * blocks * hidden >= 1 << 24 else 101)
         for dtype_name in args.dtypes:
             print(f"{shape_name} {dtype_name} ({rounds} rounds)")
             results += measure(shape_name, shape, dtype_name, args.providers, rounds, args.retries)
-    ratios = speedups(results)
-    for row in ratios:
-        if row["provider"] in OUR_PROVIDERS and row["against"] not in OUR_PROVIDERS:
-            print(f"  {row['shape']} {row['dtype']} {row['direction']}: {row['provider']} "
-                  f"{row['speedup']:.2f}x vs {row['against']}")
-    flagged = [m for m in results if not m.trusted]
-    if flagged:
-        print(f"{len(flagged)} measurement(s) stayed disturbed after {args.retries} rerun(s) and are not results: "
-              + ", ".join(f"{m.shape} {m.dtype} {m.provider} {m.direction}" for m in flagged))
-    overheads = call_overheads(results, shapes, args.overhead_rounds)
-    for row in overheads:
-        label = "torch.compile(backend='eager') of op-eager" if row["provider"] == COMPILED_EAGER else row["provider"]
-        print(f"  {row['shape']} {row['dtype']} {row['direction']}: {label} costs "
-              f"{row['overhead_us']:.1f} us per call above the kernel back to back, "
-              f"{row['overhead_cold_us']:.1f} us after a copy")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
-                       "speedups": ratios, "overheads": overheads}, handle, indent=1)
-        print(f"wrote {args.json}")
-    if args.plot:
-        print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")
-    return 0
+    return results, call_overheads(results, shapes, args.overhead_rounds)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import attnres_ge.op_kernel
 from attnres_ge import bench
 from attnres_ge.cli import build_parser
 
@@ -26,8 +27,8 @@ def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
     status = bench.main(["--shapes", "T16_N8_H4096", "--dtypes", "float32", "--providers", *providers,
                          "--rounds", "3", "--overhead-rounds", "21", "--json", str(out)])
     assert status == 0
-    header = capsys.readouterr().out.splitlines()[0]
-    assert "kernels: " in header and "kernel threads" in header
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("kernels: ") and "kernel threads" in line for line in printed)
     report = json.loads(out.read_text())
     keys = {(m["provider"], m["direction"]) for m in report["results"]}
     assert keys == {(p, d) for p in providers for d in ("forward", "backward")}
@@ -79,6 +80,56 @@ def test_disturbance_names_each_reason():
     assert "under 50% of the quiet copy's 100.0 GB/s" in bench.disturbance(quiet, 40.0, 100.0)
     noisy = [1e-3, 1e-3, 1e-3, 1e-3, 9e-3, 9e-3, 9e-3, 9e-3]  # interquartile range above the median
     assert bench.disturbance(noisy, 40.0, 50.0).startswith("spread")
+
+
+def test_paths_are_timed_one_after_the_other_and_judged_against_the_goals(tmp_path, never_disturbed, monkeypatch,
+                                                                          capsys):
+    native = pytest.importorskip("attnres_ge.op_kernel.native")
+    if attnres_ge.op_kernel.active_implementation() != "native":
+        pytest.skip("the Python kernels are active")
+    monkeypatch.setattr(bench, "GOAL_SHAPE", (8, 2, 64))  # the goals' shape, small enough for a test
+    before = native.isa_path()
+    out = tmp_path / "bench.json"
+    assert bench.main([*SMALL, "--providers", "op-eager", "kernel", "--paths", "all", "--json", str(out)]) == 0
+    assert native.isa_path() == before  # the run leaves the kernels on the path they ran on
+    report = json.loads(out.read_text())
+    paths = list(native.available_isa_paths())
+    assert list(dict.fromkeys(m["path"] for m in report["results"])) == paths
+    vector_paths = [path for path in paths if path in bench.GOAL_PATHS]
+    goals = {(g["path"], g["provider"], g["direction"]): g for g in report["goals"]}
+    assert set(goals) == {(path, "op-eager", d) for path in vector_paths for d in ("forward", "backward")}
+    for goal in goals.values():
+        assert goal["met"] == (goal["fraction_of_copy"] >= goal["goal"])
+    printed = capsys.readouterr().out
+    assert printed.count("kernels: native, ") == len(paths)
+    if vector_paths:
+        assert "goals at T=8 N=2 H=64" in printed
+        for path in vector_paths:
+            assert any(line.split()[:2] == [path, "float32"] for line in printed.splitlines())
+
+
+def test_paths_this_cpu_cannot_run_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main([*SMALL, "--paths", "avx9000"])
+    assert "--paths" in capsys.readouterr().err
+
+
+def test_goal_table_marks_each_goal_met_missed_disturbed_or_not_timed():
+    def measurement(provider, direction, fraction, disturbed=""):
+        return bench.Measurement("T4096_N8_H2048", "bfloat16", provider, direction, 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
+                                 fraction, 0.0, 3.0, 1, disturbed, "avx2")
+    results = [measurement("op-graph", "forward", 0.95), measurement("op-graph", "backward", 0.5),
+               measurement("op-eager", "forward", 0.99, "spread 9 ms"), measurement("kernel", "forward", 0.3),
+               bench.Measurement("T4096_N8_H2048", "bfloat16", "op-graph", "forward", 1.0, 0.1, 0.9, 10**6, 1.0,
+                                 2.0, 0.1, 0.0, 3.0, 1, "", "scalar")]
+    rows = bench.goal_rows(results, {"T4096_N8_H2048": bench.GOAL_SHAPE})
+    assert [(r["provider"], r["direction"], r["met"]) for r in rows] == [
+        ("op-graph", "forward", True), ("op-graph", "backward", False), ("op-eager", "forward", None)]
+    line = bench.goal_table(rows)[-1]
+    assert line.split()[:2] == ["avx2", "bfloat16"]
+    assert [cell.strip() for cell in line[24:].split("  ") if cell.strip()] == [
+        "95% met", "50% NOT MET", "disturbed", "not timed"]
+    assert bench.goal_rows(results, {"T4096_N8_H2048": (16, 8, 4096)}) == []  # another shape has no goals
 
 
 def test_bench_plot_writes_a_png(tmp_path):
