@@ -45,14 +45,17 @@ inline double lane_sum(D16 x) {
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 
 // bfloat16 in the lane layout of lane_element (lanes 0-7 the even elements, 8-15 the odd
-// ones) with one shuffle: word 2l+1 of the result (the high half of lane l) takes element
-// lane_element(l), the low halves are zeroed.
-alignas(64) constexpr uint16_t kBf16LoadWords[32] = {0, 0, 0, 2, 0, 4, 0, 6, 0, 8, 0, 10, 0, 12, 0, 14,
-                                                     0, 1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15};
+// ones). The 32 bytes are loaded into both halves of the register (a broadcast: the load unit's
+// work), so lane l's 32 bits hold, in either half, elements 2(l mod 8) and 2(l mod 8) + 1: one
+// in-lane byte shuffle then moves the even element (low half) or the odd one (high half) to the
+// high half and zeroes the low half. (A cross-lane word permutation did this in one instruction
+// too, but its zeroing mask cost another on the same port, in the loop every pass runs.)
+alignas(64) constexpr int8_t kBf16LoadBytes[64] = {
+    -1, -1, 0, 1, -1, -1, 4, 5, -1, -1, 8,  9,  -1, -1, 12, 13, -1, -1, 0, 1, -1, -1, 4, 5, -1, -1, 8,  9,  -1, -1, 12, 13,
+    -1, -1, 2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1, 2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15};
 inline V16 vload(const BF16* p) {
-  const __m512i raw = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i order = _mm512_load_si512(kBf16LoadWords);
-  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, order, raw))};
+  const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_shuffle_epi8(both, _mm512_load_si512(kBf16LoadBytes)))};
 }
 
 inline V16 vload(const FP16* p) {
