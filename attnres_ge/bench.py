@@ -20,6 +20,9 @@ Providers:
   kernel         the kernels alone, outputs and workspace allocated once, launched from a record
                  prepared once (as the runtime launches them): the floor both op paths stand on;
                  op time minus kernel time is the per-call overhead
+  read           torch.sum of a float32 tensor of as many bytes as the pass moves: the host merely
+                 reading that traffic, a reference for the read-heavy forward (it reads N+1 of its
+                 N+2 rows), whose kernel does at least that and more arithmetic
   torch-eager    the plain formula (concatenate, RMS-norm, softmax, weighted sum) and its autograd
   torch-inductor torch.compile of a concatenation-free formula, forward and autograd backward
 
@@ -64,8 +67,9 @@ SHAPES: dict[str, tuple[int, int, int]] = {  # name -> (T, N, H)
     "T16_N8_H4096": (16, 8, 4096),  # decode-like: per-call overhead dominates
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PROVIDERS = ("op-eager", "op-graph", "kernel", "torch-eager", "torch-inductor")
+PROVIDERS = ("op-eager", "op-graph", "kernel", "read", "torch-eager", "torch-inductor")
 OUR_PROVIDERS = ("op-eager", "op-graph", "kernel")
+READ = "read"  # not ours and not PyTorch's formula: the host's streaming-read speed, beside ours in the plot
 NORM_EPS = 1e-6
 # A paired copy below this fraction of the quiet copy's rate means the host was disturbed during the rounds.
 DISTURBED_COPY_FRACTION = 0.5
@@ -220,6 +224,10 @@ class Case:
             "forward": lambda: forward_launch(self.inputs, forward_out, workspace),
             "backward": lambda: backward_launch(backward_inputs, backward_out, workspace),
         }
+
+    def _read(self):
+        sources = {direction: torch.ones(self.traffic(direction) // 4) for direction in ("forward", "backward")}
+        return {direction: functools.partial(torch.sum, source) for direction, source in sources.items()}
 
     def _autograd_pair(self, function):
         leaves = [t.detach().requires_grad_() for t in self.inputs]
@@ -548,7 +556,7 @@ def plot(results: list[Measurement], path: str) -> bool:
         row[0].set_title(f"{name}: time per call")
         _speedup_bars(row[1], group)
         row[1].set_title(f"{name}: speedup of our ops")
-        _bars(row[2], [m for m in group if m.provider in OUR_PROVIDERS], lambda m: 100 * m.fraction_of_copy,
+        _bars(row[2], [m for m in group if m.provider in (*OUR_PROVIDERS, READ)], lambda m: 100 * m.fraction_of_copy,
               "% of paired copy")
         row[2].axhline(100, color="grey", linewidth=0.8, linestyle="--")
         row[2].set_title(f"{name}: fraction of the paired copy")

@@ -23,7 +23,7 @@ def never_disturbed(monkeypatch):
 
 def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
     out = tmp_path / "bench.json"
-    providers = ["op-eager", "op-graph", "kernel", "torch-eager"]
+    providers = ["op-eager", "op-graph", "kernel", "read", "torch-eager"]
     status = bench.main(["--shapes", "T16_N8_H4096", "--dtypes", "float32", "--providers", *providers,
                          "--rounds", "3", "--overhead-rounds", "21", "--json", str(out)])
     assert status == 0
