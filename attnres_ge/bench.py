@@ -28,10 +28,12 @@ Providers:
 
 A measurement is trusted only when its rounds were quiet: before the rounds the copy is also timed
 alone, back to back ("quiet copy"); when the copies paired with a provider ran at less than
-DISTURBED_COPY_FRACTION of that rate, or a provider's spread (interquartile range) is as large
-as its median (DISTURBED_SPREAD_TO_MEDIAN), the rounds are run again (--retries times), and if they stay disturbed the
-measurement is flagged: its fraction of the copy and the speedups from it are not printed,
-plotted or written as results (the JSON keeps its raw times with the flag).
+DISTURBED_COPY_FRACTION of that rate, a provider's spread (interquartile range) is as large
+as its median (DISTURBED_SPREAD_TO_MEDIAN), or the ratio of its call's time to its copy's, round by
+round, spreads by DISTURBED_ROUND_RATIO_SPREAD of its median (the two saw different hosts), the
+rounds are run again (--retries times), and if they stay disturbed the measurement is flagged:
+its fraction of the copy and the speedups from it are not printed, plotted or written as results
+(the JSON keeps its raw times with the flag).
 
 For short kernels (decode-like shapes) each op path's per-call overhead above the kernel is
 reported, and beside op-graph's the overhead of the same calls under torch.compile with
@@ -75,6 +77,10 @@ NORM_EPS = 1e-6
 DISTURBED_COPY_FRACTION = 0.5
 # A provider whose spread (interquartile range) reaches this multiple of its median has no median to speak of.
 DISTURBED_SPREAD_TO_MEDIAN = 1.0
+# Round by round, a provider's call and its copy see the same host; when the ratio of their times spreads
+# (interquartile range) by this share of its median, they did not: other jobs' memory traffic came and went
+# within the rounds, and a fraction of the copy from them means nothing (such rounds read 50-170%).
+DISTURBED_ROUND_RATIO_SPREAD = 0.25
 QUIET_COPIES = 9  # copies that measure the quiet copy rate
 # Written over before each quiet copy, so that it starts from memory as a paired copy does (after a provider's
 # call): larger than the last-level cache of common hosts.
@@ -297,8 +303,10 @@ def quiet_copy_gbps(copy: Callable[[], object], copy_bytes: int) -> float:
     return copy_bytes / min(times) / 1e9
 
 
-def disturbance(call_times: list[float], copy_gbps: float, quiet_gbps: float) -> str:
-    """Why rounds with these call times and this paired copy rate cannot be trusted; "" when they can."""
+def disturbance(call_times: list[float], copy_gbps: float, quiet_gbps: float,
+                copy_times: list[float] | None = None) -> str:
+    """Why rounds with these call times, these paired copy times (one per round, optional) and this paired copy
+    rate cannot be trusted; "" when they can."""
     reasons = []
     if copy_gbps < DISTURBED_COPY_FRACTION * quiet_gbps:
         reasons.append(f"paired copy {copy_gbps:.1f} GB/s, under {DISTURBED_COPY_FRACTION:.0%} of the quiet "
@@ -306,6 +314,12 @@ def disturbance(call_times: list[float], copy_gbps: float, quiet_gbps: float) ->
     median, spread = statistics.median(call_times), _spread(call_times)
     if spread >= DISTURBED_SPREAD_TO_MEDIAN * median:
         reasons.append(f"spread {spread * 1e3:.3g} ms against a median of {median * 1e3:.3g} ms")
+    if copy_times:
+        ratios = [copy / call for copy, call in zip(copy_times, call_times, strict=True)]
+        ratio_median, ratio_spread = statistics.median(ratios), _spread(ratios)
+        if ratio_spread >= DISTURBED_ROUND_RATIO_SPREAD * ratio_median:
+            reasons.append(f"the call's time against its copy's spreads {ratio_spread / ratio_median:.0%} "
+                           "round to round")
     return "; ".join(reasons)
 
 
@@ -336,7 +350,8 @@ def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, provi
             rows = {}
             for provider, (call_times, copy_times, faults) in timed.items():
                 copy_gbps = copy_bytes / statistics.median(copy_times) / 1e9
-                rows[provider] = (call_times, copy_gbps, faults, disturbance(call_times, copy_gbps, quiet))
+                rows[provider] = (call_times, copy_gbps, faults,
+                                  disturbance(call_times, copy_gbps, quiet, copy_times))
             disturbed = [f"{provider}: {row[3]}" for provider, row in rows.items() if row[3]]
             if not disturbed:
                 break

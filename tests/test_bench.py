@@ -19,6 +19,7 @@ def never_disturbed(monkeypatch):
     """This shared host's noise must not decide a test: no copy rate or spread counts as disturbed."""
     monkeypatch.setattr(bench, "DISTURBED_COPY_FRACTION", 0.0)
     monkeypatch.setattr(bench, "DISTURBED_SPREAD_TO_MEDIAN", float("inf"))
+    monkeypatch.setattr(bench, "DISTURBED_ROUND_RATIO_SPREAD", float("inf"))
 
 
 def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
@@ -80,6 +81,11 @@ def test_disturbance_names_each_reason():
     assert "under 50% of the quiet copy's 100.0 GB/s" in bench.disturbance(quiet, 40.0, 100.0)
     noisy = [1e-3, 1e-3, 1e-3, 1e-3, 9e-3, 9e-3, 9e-3, 9e-3]  # interquartile range above the median
     assert bench.disturbance(noisy, 40.0, 50.0).startswith("spread")
+    steady_pairs = [2e-3 * (1 + 0.01 * i) for i in range(8)]  # the copy's time follows the call's round by round
+    assert bench.disturbance(quiet, 40.0, 50.0, copy_times=[2e-3] * 8) == ""
+    assert bench.disturbance([t / 2 for t in steady_pairs], 40.0, 50.0, copy_times=steady_pairs) == ""
+    apart = [1e-3, 3e-3, 1e-3, 3e-3, 1e-3, 3e-3, 1e-3, 3e-3]  # the copy slow in every other round, the call not
+    assert "spreads 100% round to round" in bench.disturbance(quiet, 40.0, 50.0, copy_times=apart)
 
 
 def test_paths_are_timed_one_after_the_other_and_judged_against_the_goals(tmp_path, never_disturbed, monkeypatch,
