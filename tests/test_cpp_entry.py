@@ -152,20 +152,22 @@ def test_autograd_in_cpp_with_statistics_recomputed_when_not_saved():
         assert_bitwise_equal(name, a, b)
 
 
-def test_threads_repeating_a_cached_signature_get_the_same_bits():
-    inputs = make_inputs(15, 2, 40, seed=13)
-    expected = forward_op(*inputs, -1, 1e-6, True)  # planned and cached
-    results: dict[int, list] = {}
-
-    def repeat(index: int) -> None:
-        results[index] = [forward_op(*inputs, -1, 1e-6, True) for _ in range(20)]
-
-    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(4)]
+def in_threads(work, count: int = 4) -> dict[int, object]:
+    """work(index) on `count` threads at once; their results by index (all of them, or the test fails)."""
+    results: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, work(i))) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert len(results) == 4
+    assert len(results) == count
+    return results
+
+
+def test_threads_repeating_a_cached_signature_get_the_same_bits():
+    inputs = make_inputs(15, 2, 40, seed=13)
+    expected = forward_op(*inputs, -1, 1e-6, True)  # planned and cached
+    results = in_threads(lambda index: [forward_op(*inputs, -1, 1e-6, True) for _ in range(20)])
     for outputs in (outputs for runs in results.values() for outputs in runs):
         for name, a, b in zip(FORWARD_NAMES, outputs, expected, strict=True):
             assert_bitwise_equal(name, a, b)
@@ -195,17 +197,8 @@ def test_cached_backwards_reuse_their_threads_workspace_whatever_it_holds():
     for name, a, b in zip(BACKWARD_NAMES, small_again, expected_small, strict=True):
         assert_bitwise_equal(name, a, b)
 
-    results: dict[int, list] = {}
-
-    def repeat(index: int) -> None:  # each thread its own workspace: none writes another's
-        results[index] = [backward_op(*(small if (index + call) % 2 else large)) for call in range(10)]
-
-    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert len(results) == 4
+    # Each thread its own workspace: none writes another's.
+    results = in_threads(lambda index: [backward_op(*(small if (index + call) % 2 else large)) for call in range(10)])
     for index, runs in results.items():
         for call, grads in enumerate(runs):
             expected = expected_small if (index + call) % 2 else expected_large
