@@ -496,9 +496,13 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
 
 def kernel_path() -> str:
     """What runs the kernels now: the native kernels' instruction set path, or "python"."""
-    from attnres_ge.op_kernel import active_implementation, native
+    from attnres_ge.op_kernel import active_implementation
 
-    return native.isa_path() if active_implementation() == "native" else "python"
+    if active_implementation() != "native":
+        return "python"
+    from attnres_ge.op_kernel import native  # importable only where the native kernels were built
+
+    return native.isa_path()
 
 
 def paths_to_time(names: list[str] | None) -> list[str]:
@@ -506,10 +510,12 @@ def paths_to_time(names: list[str] | None) -> list[str]:
     the kernels run on now. ValueError naming what this CPU runs when a path cannot be timed."""
     if not names:
         return []
-    from attnres_ge.op_kernel import active_implementation, native
+    from attnres_ge.op_kernel import active_implementation
 
     if active_implementation() != "native":
         raise ValueError("--paths needs the native kernels; the kernels running now are the Python ones")
+    from attnres_ge.op_kernel import native
+
     available = list(native.available_isa_paths())
     if ALL_PATHS in names:
         return available

@@ -120,6 +120,17 @@ def test_paths_this_cpu_cannot_run_are_refused(capsys):
     assert "--paths" in capsys.readouterr().err
 
 
+def test_paths_need_the_native_kernels(capsys):
+    attnres_ge.op_kernel.KERNELS.set_implementation("python")
+    try:
+        assert bench.kernel_path() == "python"
+        with pytest.raises(SystemExit):
+            bench.main([*SMALL, "--paths", "all"])
+    finally:
+        attnres_ge.op_kernel.KERNELS.set_implementation(None)
+    assert "--paths needs the native kernels" in capsys.readouterr().err
+
+
 def test_goal_table_marks_each_goal_met_missed_disturbed_or_not_timed():
     def measurement(provider, direction, fraction, disturbed=""):
         return bench.Measurement("T4096_N8_H2048", "bfloat16", provider, direction, 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
