@@ -132,13 +132,12 @@ def test_paths_need_the_native_kernels(capsys):
 
 
 def test_goal_table_marks_each_goal_met_missed_disturbed_or_not_timed():
-    def measurement(provider, direction, fraction, disturbed=""):
+    def measurement(provider, direction, fraction, disturbed="", path="avx2"):
         return bench.Measurement("T4096_N8_H2048", "bfloat16", provider, direction, 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
-                                 fraction, 0.0, 3.0, 1, disturbed, "avx2")
+                                 fraction, 0.0, 3.0, 1, disturbed, path)
     results = [measurement("op-graph", "forward", 0.95), measurement("op-graph", "backward", 0.5),
                measurement("op-eager", "forward", 0.99, "spread 9 ms"), measurement("kernel", "forward", 0.3),
-               bench.Measurement("T4096_N8_H2048", "bfloat16", "op-graph", "forward", 1.0, 0.1, 0.9, 10**6, 1.0,
-                                 2.0, 0.1, 0.0, 3.0, 1, "", "scalar")]
+               measurement("op-graph", "forward", 0.1, path="scalar")]
     rows = bench.goal_rows(results, {"T4096_N8_H2048": bench.GOAL_SHAPE})
     assert [(r["provider"], r["direction"], r["met"]) for r in rows] == [
         ("op-graph", "forward", True), ("op-graph", "backward", False), ("op-eager", "forward", None)]
