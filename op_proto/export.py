@@ -17,8 +17,10 @@ import torch
 
 from attnres_ge.op_proto.op_def import OpPrototype, TensorArg
 
-GE_DTYPES = {torch.float16: "DT_FLOAT16", torch.bfloat16: "DT_BF16", torch.float32: "DT_FLOAT"}
-MSOPGEN_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float"}
+GE_DTYPES = {torch.float16: "DT_FLOAT16", torch.bfloat16: "DT_BF16", torch.float32: "DT_FLOAT",
+             torch.uint64: "DT_UINT64"}
+MSOPGEN_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float",
+                  torch.uint64: "uint64"}
 CPP_ATTR_DEFAULTS = {"Bool": lambda v: "true" if v else "false", "Int": str, "Float": repr, "Str": json.dumps}
 MSOPGEN_ATTR_TYPES = {"Int": "int", "Float": "float", "Bool": "bool", "Str": "str"}
 INPUT_MACROS = {"required": "INPUT", "optional": "OPTIONAL_INPUT", "dynamic": "DYNAMIC_INPUT"}
@@ -41,12 +43,18 @@ def _tensor_type(arg: TensorArg) -> str:
     return "TensorType({" + ", ".join(GE_DTYPES[d] for d in arg.dtypes) + "})"
 
 
+def _output_note(proto: OpPrototype, arg: TensorArg) -> str:
+    if proto.is_reference_output(arg.name):
+        return " (reference: the input of this name, updated in place)"
+    return " (optional)" if arg.presence == "optional" else ""
+
+
 def reg_op(proto: OpPrototype) -> str:
-    """The REG_OP block of one prototype."""
+    """The REG_OP block of one prototype. A reference output (named as an input) is declared by REG_OP's
+    own convention: the same name as INPUT and as OUTPUT, which GE reads as one tensor updated in place."""
     lines = [f"/**\n * {proto.summary}\n *"]
     lines += [f" * input  {arg.name} {arg.layout}" for arg in proto.inputs]
-    lines += [f" * output {arg.name} {arg.layout}" + (" (optional)" if arg.presence == "optional" else "")
-              for arg in proto.outputs]
+    lines += [f" * output {arg.name} {arg.layout}{_output_note(proto, arg)}" for arg in proto.outputs]
     lines += [" */", f"REG_OP({proto.op_type})"]
     lines += [f"    .{INPUT_MACROS[arg.presence]}({arg.name}, {_tensor_type(arg)})" for arg in proto.inputs]
     lines += [f"    .{OUTPUT_MACROS[arg.presence]}({arg.name}, {_tensor_type(arg)})" for arg in proto.outputs]

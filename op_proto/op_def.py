@@ -22,6 +22,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 UNKNOWN_DIM = -1
+UNKNOWN_RANK_DIM = -2  # GE's shape [-2]: the rank itself is unknown, so is every dim
 
 # Where a check ran, as printed in error messages.
 WHERE_EAGER = "eager call"
@@ -44,6 +45,14 @@ class TensorArg:
     dtypes: tuple[torch.dtype, ...]
     layout: str  # the shape in docs/contract.md's letters, e.g. "[T, N, H]"
     presence: str = "required"  # "required" | "optional" | "dynamic"
+    # What this package's CPU kernels accept where it is more than the OpDef's `dtypes` (which the C++
+    # OpDef and the exported REG_OP declare, CANN's list); None: the OpDef's list. InferDataType checks it.
+    cpu_dtypes: tuple[torch.dtype, ...] | None = None
+
+    @property
+    def accepted_dtypes(self) -> tuple[torch.dtype, ...]:
+        """The dtypes an eager, fake or local-GE call may pass for this tensor."""
+        return self.dtypes if self.cpu_dtypes is None else self.cpu_dtypes
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,11 @@ class TensorMeta:
 
 def is_unknown(dim) -> bool:
     return isinstance(dim, int) and dim < 0
+
+
+def is_unknown_rank(shape: Sequence) -> bool:
+    """GE's shape [-2]: neither the rank nor any dim is known yet."""
+    return len(shape) == 1 and isinstance(shape[0], int) and shape[0] == UNKNOWN_RANK_DIM
 
 
 def rows_of(blocks):
@@ -106,8 +120,12 @@ class Checker:
             self.fail(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {meta.dtype}")
 
     def shape(self, name: str, meta: TensorMeta, layout: Sequence[str], expected: Sequence) -> tuple:
-        """Check rank and every known expected dim (None = any); return the shape."""
+        """Check rank and every known expected dim (None = any); return the shape.
+
+        An unknown rank ([-2]) passes and reads as that many unknown dims, as the C++ InferShape treats it."""
         shape = meta.shape
+        if is_unknown_rank(shape):
+            return (UNKNOWN_DIM,) * len(layout)
 
         def described() -> str:
             wanted = ["*" if e is None else e for e in expected]
@@ -166,8 +184,27 @@ class OpPrototype:
     infer_data_type: InferFn
     infer_shape: InferFn
 
+    def __post_init__(self) -> None:
+        inputs = {arg.name: arg for arg in self.inputs}
+        for name in self.reference_outputs():
+            if inputs[name].dtypes != self.output(name).dtypes:
+                raise ValueError(f"{self.op_type}: reference output {name} must declare the dtypes of input {name}")
+
     def input_names(self) -> list[str]:
         return [arg.name for arg in self.inputs]
+
+    def output(self, name: str) -> TensorArg:
+        (arg,) = [arg for arg in self.outputs if arg.name == name]
+        return arg
+
+    def reference_outputs(self) -> list[str]:
+        """Outputs named as an input: GE reference tensors, the input's memory updated in place (REG_OP
+        declares the name as INPUT and OUTPUT; torch as a `Tensor(a!)` argument). In output order."""
+        inputs = set(self.input_names())
+        return [arg.name for arg in self.outputs if arg.name in inputs]
+
+    def is_reference_output(self, name: str) -> bool:
+        return name in self.reference_outputs()
 
     def dtype_columns(self) -> dict[str, tuple[torch.dtype, ...]]:
         """Each tensor's dtype in every supported combination, the way an OpDef lists them.
@@ -179,7 +216,7 @@ class OpPrototype:
         tensors = (*self.inputs, *self.outputs)
         width = max(len(arg.dtypes) for arg in tensors)
         full = {arg.dtypes for arg in tensors if len(arg.dtypes) == width}
-        if len(full) != 1:
+        if width > 1 and len(full) != 1:  # one column (every tensor one dtype) pairs whatever each declares
             raise ValueError(f"{self.op_type}: tensors that follow the op's dtype list it in different orders: {full}")
         columns = {}
         for arg in tensors:
