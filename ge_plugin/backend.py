@@ -13,6 +13,13 @@ GraphDef, compiled by the local GE (prototype check, InferShape against torch's 
 tensors, TilingParse) and replaced by a call of the compiled graph; every other node stays
 the torch code it was and runs as is, so results are bit-identical to eager.
 Dynamic token counts compile once: unknown dims stay -1 and Tiling runs per actual shape.
+
+An op updating an argument in place (`Tensor(a!)`, a GE reference output) reaches a backend in two
+forms: dynamo's graph holds the op itself, and its GE graph writes the new value into the tensor
+fed to it, the caller's; AOTAutograd's functionalized graph holds auto_functionalized(op, ...),
+which is rewritten first (fx_to_ge.inline_mutations) into the op updating a clone, the clone
+being the new value that AOTAutograd copies into the caller's tensor. Either way the caller's
+tensor ends up with the bits the eager op leaves.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import torch
 from torch import fx, nn
 
 from attnres_ge.ge_plugin.converters import local_converters
-from attnres_ge.ge_plugin.fx_to_ge import build_node_graph
+from attnres_ge.ge_plugin.fx_to_ge import build_node_graph, inline_mutations
 from attnres_ge.ge_plugin.ge_ir import GraphDef
 from attnres_ge.ge_plugin.local_ge import CompiledGraph, compile_graph
 from attnres_ge.op_kernel.launcher import HostRuntime
@@ -80,6 +87,7 @@ class GeBackend:
     def lower_fx_graph(self, gm: fx.GraphModule) -> fx.GraphModule:
         """Lower our op nodes to compiled GE graphs; the rest runs as torch code."""
         converters = local_converters()
+        inline_mutations(gm, converters)  # functionalized calls of our in-place ops: the ops themselves again
         for node in list(gm.graph.nodes):
             if node.op == "call_function" and node.target in converters:
                 self._lower(gm, node, converters[node.target])

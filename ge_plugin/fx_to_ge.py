@@ -12,10 +12,13 @@ descs for the local GE to check.
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from collections.abc import Callable
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from attnres_ge.ge_plugin import ge
@@ -61,3 +64,102 @@ def build_node_graph(node: fx.Node, converter: Callable) -> tuple[GraphDef, list
             ge.set_traced_meta(tensor, meta.dtype, meta.shape)
         ge.NetOutput(outputs)
     return graph.graph_def, list(data_for)
+
+
+# How torch.compile's functionalization (AOTAutograd) presents an op with a `Tensor(a!)` argument: a
+# functional call of it, auto_functionalized(_v2)(op, **kwargs) -> (op's outputs..., new values of
+# what it mutates), the caller's tensor then being updated from those values (AOTAutograd's copy_
+# epilogue). Dynamo's own graph (no AOTAutograd) keeps the op itself, mutating its argument.
+AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+
+
+def inline_mutations(gm: fx.GraphModule, ops) -> int:
+    """Rewrite every auto_functionalized call of an op in `ops` as the functional call is defined: clones of
+    the tensors the op mutates (views regenerated on the clones), the op itself mutating them, the clones
+    as the new values. The op node is then converted like any other, its GE graph writing the reference
+    output into the clone; the caller's tensor is updated by AOTAutograd's epilogue as before, with the
+    bits the op wrote. Returns the number of calls rewritten."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in AUTO_FUNCTIONALIZED and node.args[0] in ops:
+            _inline_mutation(gm.graph, node)
+            rewritten += 1
+    return rewritten
+
+
+def _mutable_names(schema) -> list[str]:
+    return [arg.name for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
+
+
+def _add_node(graph: fx.Graph, target, args: tuple, val) -> fx.Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = val
+    return node
+
+
+def _traced(args: tuple) -> tuple:
+    return fx.node.map_aggregate(args, lambda arg: _traced_value(arg) if isinstance(arg, fx.Node) else arg)
+
+
+def _regenerate_view(graph: fx.Graph, kwargs: dict, name: str, bases: list[fx.Node]) -> fx.Node | None:
+    """auto_functionalized_v2's view record of mutable argument `name` (`_<name>_base_index`, then an
+    alias, an as_strided or a slice record, or none: the base itself), applied to the new bases."""
+    prefix = f"_{name}"
+    base_index = kwargs[f"{prefix}_base_index"]
+    if base_index is None:
+        return None
+    base = bases[base_index]
+    if f"{prefix}_alias" in kwargs:
+        target, args = torch.ops.aten.alias.default, (base,)
+    elif f"{prefix}_storage_offset" in kwargs:
+        target = torch.ops.aten.as_strided.default
+        args = (base, kwargs[f"{prefix}_size"], kwargs[f"{prefix}_stride"], kwargs[f"{prefix}_storage_offset"])
+    elif f"{prefix}_slice_dim" in kwargs:
+        target = torch.ops.aten.slice.Tensor
+        args = (base, kwargs[f"{prefix}_slice_dim"], kwargs[f"{prefix}_slice_start"], kwargs[f"{prefix}_slice_end"])
+    else:
+        return base
+    traced = _traced(args)
+    with detect_fake_mode(traced) or contextlib.nullcontext():
+        val = target(*traced)
+    return _add_node(graph, target, args, val)
+
+
+def _inline_mutation(graph: fx.Graph, node: fx.Node) -> None:
+    op, kwargs = node.args[0], dict(node.kwargs)
+    schema = op._schema
+    mutable = _mutable_names(schema)
+    results = _traced_value(node)  # (outputs..., new values)
+    first_new = max(len(schema.returns), 1)
+    with graph.inserting_before(node):
+        if node.target is torch.ops.higher_order.auto_functionalized_v2:
+            bases = kwargs["_all_bases"]
+            cloned = kwargs.get("_only_clone_these_bases")
+            cloned = range(len(bases)) if cloned is None else cloned
+            new_values = [_add_node(graph, torch.ops.aten.clone.default, (base,), results[first_new + index])
+                          if index in cloned else base for index, base in enumerate(bases)]
+            arguments = {name: _regenerate_view(graph, kwargs, name, new_values) for name in mutable}
+        else:
+            cloned = kwargs.get("_only_clone_these_tensors")
+            new_values = [_add_node(graph, torch.ops.aten.clone.default, (kwargs[name],), results[first_new + index])
+                          if cloned is None or name in cloned else kwargs[name]
+                          for index, name in enumerate(mutable)]
+            arguments = dict(zip(mutable, new_values, strict=True))
+        for arg in schema.arguments:
+            if arg.name not in arguments and arg.name in kwargs:
+                arguments[arg.name] = kwargs[arg.name]
+        positional = tuple(arguments.pop(arg.name) for arg in schema.arguments
+                           if not arg.kwarg_only and arg.name in arguments)
+        call = graph.call_function(op, positional, arguments)
+        call.meta["val"] = results[0] if len(schema.returns) == 1 else tuple(results[:len(schema.returns)])
+        outputs = ([call] if len(schema.returns) == 1 else
+                   [_add_node(graph, operator.getitem, (call, index), results[index])
+                    for index in range(len(schema.returns))])
+    for user in list(node.users):
+        if user.op != "call_function" or user.target is not operator.getitem:
+            raise ge.GraphBuildError(f"FX node {node.name!r} ({op}): its result is used by {user.name!r} "
+                                     f"({user.target}), not by indexing")
+        index = user.args[1]
+        user.replace_all_uses_with(outputs[index] if index < first_new else new_values[index - first_new])
+        graph.erase_node(user)
+    graph.erase_node(node)

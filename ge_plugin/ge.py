@@ -40,8 +40,11 @@ TORCH_TO_GE_DTYPE = {
     torch.int8: DataType.Value("DT_INT8"),
     torch.uint8: DataType.Value("DT_UINT8"),
     torch.int16: DataType.Value("DT_INT16"),
+    torch.uint16: DataType.Value("DT_UINT16"),
     torch.int32: DataType.Value("DT_INT32"),
     torch.int64: DataType.Value("DT_INT64"),
+    torch.uint32: DataType.Value("DT_UINT32"),
+    torch.uint64: DataType.Value("DT_UINT64"),  # BlockAttnResPrepare's valid_blocks
     torch.bool: DataType.Value("DT_BOOL"),
     torch.complex64: DataType.Value("DT_COMPLEX64"),
     torch.complex128: DataType.Value("DT_COMPLEX128"),

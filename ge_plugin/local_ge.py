@@ -17,6 +17,14 @@ entry is built, through its GraphNode instead: the first call of each input sign
 checked and planned here as above, the plan's launch record and buffers then kept in C++
 (reused by the same rule) and repeats run without Python, on the same kernels.
 
+Reference outputs (an output named as an input, e.g. BlockAttnResUpdate's partial_block): as in
+GE, the output is the input's memory. The kernel is given the input as that output, as the eager op
+gives it (through a contiguous copy, copied back after, where the fed tensor is not contiguous), so
+the very tensor fed for that input, a caller's own, holds the bits the eager op leaves, and that
+tensor is the node's output. InferShape must give the
+reference output the input's dtype and dims, and no other input of the node may come from the same
+tensor. Such graphs run in Python (the C++ GraphNode knows no reference outputs).
+
 Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
 torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
 """
@@ -44,6 +52,7 @@ from attnres_ge.op_kernel.buffer_pool import BufferPool
 from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import HostRuntime, ShapePlan, default_runtime
 from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta
+from attnres_ge.op_proto.op_def import is_unknown_rank
 
 # With the ops' C++ entry, a compiled node of one op runs its planned signatures without Python.
 GraphNode = cpp_entry.MODULE.GraphNode if cpp_entry.MODULE is not None else None
@@ -85,6 +94,7 @@ class CompiledOp:
     attrs: dict
     sources: list[tuple[str, int] | None]  # producer of each prototype input, None when absent
     compile_info: CompileInfo
+    references: tuple[tuple[int, int], ...] = ()  # (output index, input index) of each reference output
     buffers: BufferPool = field(default_factory=BufferPool)
 
     @property
@@ -149,8 +159,27 @@ class CompiledGraph:
         """The runtime's plan for these shapes (InferShape + Tiling, cached), buffers, the kernel."""
         tensors = [arg.contiguous() for arg in args]
         plan = self._plan(op, tensors)
-        outputs, workspace = op.buffers.take(plan, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
+        if not op.references:
+            outputs, workspace = op.buffers.take(plan, plan.outputs, plan.tiling.workspace_size, tensors[0].device)
+            self.runtime.run_kernel(plan, tensors, outputs, workspace)
+            return outputs
+        return self._run_op_in_place(op, plan, args, tensors)
+
+    def _run_op_in_place(self, op: CompiledOp, plan: ShapePlan, args: list, tensors: list) -> list[torch.Tensor]:
+        """A node with reference outputs, as the eager op runs it: the kernel writes each into its input
+        (the contiguous copy where the fed tensor is not contiguous, copied back after), which is the output."""
+        referenced = dict(op.references)  # output index -> input index
+        fresh = [meta for index, meta in enumerate(plan.outputs) if index not in referenced]
+        buffers, workspace = op.buffers.take(plan, fresh, plan.tiling.workspace_size, tensors[0].device)
+        buffers = iter(buffers)
+        outputs = [tensors[referenced[index]] if index in referenced else next(buffers)
+                   for index in range(len(plan.outputs))]
         self.runtime.run_kernel(plan, tensors, outputs, workspace)
+        for output_index, input_index in op.references:
+            fed = args[input_index]
+            if outputs[output_index] is not fed:
+                fed.copy_(outputs[output_index])
+            outputs[output_index] = fed
         return outputs
 
     def _plan(self, op: CompiledOp, tensors: Sequence[torch.Tensor]) -> ShapePlan:
@@ -198,7 +227,7 @@ def _cpp_graph_node(compiled: CompiledGraph):
     its outputs (what the backend's converters build); None for other graphs or without the entry.
     It runs a planned signature without Python, buffers reused by BufferPool's rule; it asks the
     graph to plan a new signature and runs the graph in Python when the Python kernels are active."""
-    if GraphNode is None or len(compiled.ops) != 1:
+    if GraphNode is None or len(compiled.ops) != 1 or compiled.ops[0].references:
         return None
     op = compiled.ops[0]
     data_index = {data.name: index for index, (data, _) in compiled.data_ops.items()}
@@ -267,9 +296,41 @@ def _compile_custom_op(runtime: HostRuntime, op: OpDef, descs: dict) -> Compiled
     except AttnResInputError as error:
         raise _node_error(op, error) from None
     _check_traced_outputs(op, prototype, outputs)
+    references = _bind_references(op, prototype, sources, metas, outputs)
     for desc, name, meta in zip(op.output_desc, prototype.output_names(), outputs, strict=True):
         write_desc(desc, name, meta.dtype, meta.shape)
-    return CompiledOp(op, kernel, attrs, sources, runtime.compile_info(kernel))
+    return CompiledOp(op, kernel, attrs, sources, runtime.compile_info(kernel), references)
+
+
+def _bind_references(op: OpDef, prototype: OpPrototype, sources: Sequence, metas: Mapping,
+                     outputs: Sequence[TensorMeta]) -> tuple[tuple[int, int], ...]:
+    """(output index, input index) of each reference output, checked: the input is present and fed by a
+    tensor no other input of the node reads (GE would write it under that input), and InferShape gives the
+    output exactly the input's dtype and dims (it is the input's memory)."""
+    output_names, input_names = prototype.output_names(), prototype.input_names()
+    references = []
+    for name in prototype.reference_outputs():
+        output_index, input_index = output_names.index(name), input_names.index(name)
+        source = sources[input_index]
+        if source is None:
+            raise AttnResInputError(f"node {op.name!r} ({WHERE_GRAPH}): {op.type} input {name!r} is updated in "
+                                    "place (a reference output) and must be given")
+        shared = [other for other, other_source in zip(input_names, sources, strict=True)
+                  if other != name and other_source == source]
+        if shared:
+            raise AttnResInputError(
+                f"node {op.name!r} ({WHERE_GRAPH}): {op.type} updates {name!r} in place, so it must not be the "
+                f"tensor that {' and '.join(repr(other) for other in shared)} reads; expected distinct tensors, "
+                f"got {op.input[input_index]} for each")
+        fed, inferred = metas[name], outputs[output_index]
+        dims_differ = not is_unknown_rank(fed.shape) and tuple(fed.shape) != static_dims(inferred.shape)
+        if fed.dtype != inferred.dtype or dims_differ:
+            raise GraphCompileError(
+                f"node {op.name!r} ({op.type}): reference output {name!r} must be its input's "
+                f"{fed.dtype} {list(fed.shape)}, InferShape gives {inferred.dtype} "
+                f"{list(static_dims(inferred.shape))}; please report this")
+        references.append((output_index, input_index))
+    return tuple(references)
 
 
 def _bind_inputs(op: OpDef, prototype: OpPrototype, descs: Mapping):
