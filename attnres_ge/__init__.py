@@ -2,6 +2,7 @@
 
     import attnres_ge
     hidden = attnres_ge.block_attention_residuals(partial_block, block_res, proj_weight, norm_weight)
+    stream = attnres_ge.ResidualStream(embeddings)   # a model's residual stream: read / seal / accumulate
 
 Importing registers torch.ops.attnres.block_attention_residuals and
 torch.ops.attnres.block_attention_residuals_backward.
@@ -21,9 +22,16 @@ from attnres_ge._checkout import installed_in_place_of_checkout
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockAttnRes", "block_attention_residuals", "block_attention_residuals_reference", "ge_backend"]
+__all__ = [
+    "BlockAttnRes",
+    "ResidualStream",
+    "block_attention_residuals",
+    "block_attention_residuals_reference",
+    "ge_backend",
+]
 
 if not installed_in_place_of_checkout(__name__, __path__):
     from attnres_ge.api import BlockAttnRes, block_attention_residuals
     from attnres_ge.ge_plugin import ge_backend
     from attnres_ge.op_kernel.reference import block_attention_residuals_reference
+    from attnres_ge.stream import ResidualStream

@@ -1,16 +1,17 @@
-"""A small causal language model with Block Attention Residuals (Kimi team, arXiv 2603.15031).
+"""A small causal language model with Block Attention Residuals (Kimi team, arXiv 2603.15031), on the stream.
 
-Layers are grouped into blocks of `layers_per_block`. The token embedding is the first completed
-block. Before each sublayer (attention, then MLP) a `BlockAttnRes` mixes the completed blocks
-[T, N, H] and the current partial block [T, H] (the running sum of this block's sublayer outputs,
-zero at a block's start) with a learned softmax over depth; the sublayer reads RMSNorm of that
-mix and adds its output to the partial block. When a block's layers are done, the partial block
-joins the completed blocks. A last BlockAttnRes feeds the output norm and the LM head.
+The residual stream (`attnres_ge.ResidualStream`) follows the paper's and Kimi K3's schedule: it starts with the
+token embeddings live and nothing sealed. Layer `l` reads its attention input from the stream (its BlockAttnRes
+mixes the sealed block snapshots and the live block), seals the live block when `l % layers_per_block == 0` (layer
+0 seals the embeddings: they are block 0), adds the attention output (the first output after a seal starts the new
+live block), reads its MLP input and adds the MLP output. A last read feeds the output norm and the LM head. No
+read ever sees an all-zero "partial block".
 
-All tensors are [B, S, H] in the sublayers and flattened to [T = B*S, ...] for BlockAttnRes.
-Everything but BlockAttnRes is plain torch, so eager and graph mode run the same arithmetic.
+Activations are [B, S, H]; the stream and BlockAttnRes take the leading dims as they are. Everything but
+BlockAttnRes is plain torch, so eager and graph mode run the same arithmetic. With a `KVCache` per layer the same
+forward prefills a prompt and then decodes one token at a time (examples/generate.py); under `torch.no_grad()`
+the stream then reads through the two-phase ops (one prepare per seal for the reads it declares).
 """
-
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from attnres_ge import BlockAttnRes
+from attnres_ge import BlockAttnRes, ResidualStream
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +34,24 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+class KVCache:
+    """One attention layer's keys and values of the tokens seen so far ([B, heads, S_past, head_dim] each)."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is not None:
+            keys, values = torch.cat((self.keys, keys), dim=-2), torch.cat((self.values, values), dim=-2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention written with plain matmul/softmax: [B, S, H] -> [B, S, H]."""
 
@@ -42,12 +61,17 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         batch, seq, hidden = x.shape
         head_dim = hidden // self.heads
         q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, h, S, d]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [B, h, S, S]
-        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.extend(k, v)  # [B, h, past + S, d]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [B, h, S, past + S]
+        # Query i sits at position past + i and sees keys 0 .. past + i.
+        future = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).triu(1 + past)
         weights = scores.masked_fill(future, float("-inf")).softmax(-1)
         return self.out((weights @ v).transpose(1, 2).reshape(batch, seq, hidden))
 
@@ -64,19 +88,17 @@ class MLP(nn.Module):
         return self.down(nn.functional.silu(self.up(x)))
 
 
-class Sublayer(nn.Module):
-    """BlockAttnRes over depth -> RMSNorm -> attention or MLP."""
+class Layer(nn.Module):
+    """One layer: attention and MLP, each fed by its own BlockAttnRes read of the stream and an RMSNorm."""
 
-    def __init__(self, hidden: int, body: nn.Module):
+    def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.attn_res = BlockAttnRes(hidden)
-        self.norm = RMSNorm(hidden)
-        self.body = body
-
-    def forward(self, partial: torch.Tensor, blocks: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        """partial [T, H], blocks [T, N, H] -> this sublayer's output [T, H]."""
-        mixed = self.attn_res(partial, blocks).view(shape)  # [B, S, H]
-        return self.body(self.norm(mixed)).flatten(0, 1)
+        self.attn_norm = RMSNorm(hidden)
+        self.attn = CausalSelfAttention(hidden, heads)
+        self.mlp_res = BlockAttnRes(hidden)
+        self.mlp_norm = RMSNorm(hidden)
+        self.mlp = MLP(hidden)
 
 
 class BlockAttnResLM(nn.Module):
@@ -86,10 +108,7 @@ class BlockAttnResLM(nn.Module):
         super().__init__()
         self.layers_per_block = layers_per_block
         self.embed = nn.Embedding(vocab, hidden)
-        self.sublayers = nn.ModuleList()
-        for _ in range(layers):
-            self.sublayers.append(Sublayer(hidden, CausalSelfAttention(hidden, heads)))
-            self.sublayers.append(Sublayer(hidden, MLP(hidden)))
+        self.layers = nn.ModuleList(Layer(hidden, heads) for _ in range(layers))
         self.final_res = BlockAttnRes(hidden)
         self.final_norm = RMSNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
@@ -98,17 +117,29 @@ class BlockAttnResLM(nn.Module):
                 if isinstance(module, BlockAttnRes):
                     module.proj_weight.normal_(std=0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        shape = (*tokens.shape, self.embed.embedding_dim)  # [B, S, H]
-        completed = [self.embed(tokens).flatten(0, 1)]  # block 0: the embedding, [T, H]
-        partial = torch.zeros_like(completed[0])
-        sublayers_per_block = 2 * self.layers_per_block
-        for index, sublayer in enumerate(self.sublayers):
-            partial = partial + sublayer(partial, torch.stack(completed, dim=1), shape)
-            if (index + 1) % sublayers_per_block == 0:
-                completed.append(partial)
-                partial = torch.zeros_like(partial)
-        if len(self.sublayers) % sublayers_per_block == 0:  # the last block just closed
-            partial = completed.pop()
-        hidden = self.final_res(partial, torch.stack(completed, dim=1)).view(shape)
-        return self.head(self.final_norm(hidden))
+    @property
+    def num_seals(self) -> int:
+        """Layers 0, layers_per_block, 2 * layers_per_block, ... each seal once."""
+        return -(-len(self.layers) // self.layers_per_block)
+
+    def readers_after_seal(self, index: int) -> list[BlockAttnRes]:
+        """The reads between the seal in layer `index` and the next seal, in order (the two-phase path batches
+        their scoring of the snapshots into one prepare)."""
+        end = min(index + self.layers_per_block, len(self.layers))
+        readers = [self.layers[index].mlp_res]
+        for later in range(index + 1, end):
+            readers += [self.layers[later].attn_res, self.layers[later].mlp_res]
+        readers.append(self.layers[end].attn_res if end < len(self.layers) else self.final_res)
+        return readers
+
+    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """tokens [B, S] -> logits [B, S, vocab]; `caches` (one KVCache per layer) holds the earlier tokens."""
+        stream = ResidualStream(self.embed(tokens), max_blocks=self.num_seals)
+        for index, layer in enumerate(self.layers):
+            h = stream.read(layer.attn_res)
+            if index % self.layers_per_block == 0:
+                stream.seal(readers=self.readers_after_seal(index))
+            stream.accumulate(layer.attn(layer.attn_norm(h), None if caches is None else caches[index]))
+            h = stream.read(layer.mlp_res)
+            stream.accumulate(layer.mlp(layer.mlp_norm(h)))
+        return self.head(self.final_norm(stream.read(self.final_res)))

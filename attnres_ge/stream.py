@@ -1,0 +1,310 @@
+"""`ResidualStream`: the residual stream of a Block AttnRes model, scheduled as the paper and Kimi K3 do.
+
+The stream holds one live tensor and write-once sealed snapshots (SPEC.md, "The residual stream"):
+
+- it starts with live = the embeddings and nothing sealed;
+- `read(mixer)` mixes the sealed snapshots and live with `mixer`'s pseudo-query (live alone, no op call, while
+  nothing is sealed): the live stream is always a candidate, nothing else is, so no read sees an all-zero row;
+- `seal(readers=None)` appends live to the snapshots and leaves no live tensor;
+- `accumulate(out)` makes `out` the live tensor right after a seal and adds it to live otherwise.
+
+A Kimi K3 layer `l` on the stream (block_size layers per block):
+
+    h = stream.read(layer.attn_res)
+    if l % block_size == 0:
+        stream.seal(readers=...)           # l = 0 seals the embeddings: they are block 0
+    stream.accumulate(layer.attn(h))
+    h = stream.read(layer.mlp_res)
+    stream.accumulate(layer.mlp(h))
+    ...
+    h = stream.read(final_res)             # before the output norm
+
+Two paths compute a read, with the same results within SPEC's tolerances:
+
+- per-layer: `torch.ops.attnres.block_attention_residuals` through `BlockAttnRes` (any grad mode);
+- two-phase (inference): when a seal names the readers that will read before the next seal, one
+  `torch.ops.attnres.block_attn_res_prepare` scores the snapshots for all of them, and each read is one
+  `torch.ops.attnres.block_attn_res_update` whose delta is what was accumulated since the previous read.
+
+Storage, and why it differs with grad mode:
+
+- When a gradient may be needed (grad mode on at construction) the snapshots are kept functionally: each seal
+  makes a new `[..., n+1, H]` tensor (`torch.cat` of the previous snapshots and live, one copy per seal, none
+  per read). Writing into a preallocated buffer in place would bump the version counter that autograd checks on
+  the `[..., n, H]` views earlier reads saved for their backward, and the backward would refuse to run. The
+  reads of one block share that tensor, so their backward keeps one `[..., n, H]` tensor per block.
+- Without grad (`torch.no_grad()`, `torch.inference_mode()`) the snapshots live in one preallocated
+  `[..., max_blocks, H]` buffer: a seal writes its slot in place and a read passes the view of the first n
+  slots. That view is not contiguous while n < max_blocks, and the per-layer op makes its input contiguous (a
+  copy per read); the two-phase path reads the buffer once per seal (in prepare). `max_blocks=None` lets the
+  buffer double when full (one copy each time); give the model's number of seals to allocate once.
+- The two-phase path needs float32 snapshots and keeps the live stream in float32 (CANN's update adds each
+  delta to a float32 `partial_block` in place), so a stream that may take it stores both in float32; its reads
+  return the dtype of the last accumulated output (the update's `h` is in delta's dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
+from attnres_ge.api import BlockAttnRes
+
+_NAME = "ResidualStream"
+_PREPARE_MAX_BLOCKS = 64  # block_attn_res_prepare's limit on N (SPEC.md)
+_TWO_PHASE_MAX_HIDDEN = 8192  # the two-phase ops' limit on D
+_FIRST_CAPACITY = 8  # slots of a growable buffer (max_blocks=None) before its first doubling
+
+
+def two_phase_ops_available() -> bool:
+    """Whether torch.ops.attnres defines block_attn_res_prepare and block_attn_res_update."""
+    return hasattr(torch.ops.attnres, "block_attn_res_prepare") and hasattr(torch.ops.attnres, "block_attn_res_update")
+
+
+def _require_mixer(method: str, name: str, value) -> BlockAttnRes:
+    if not isinstance(value, BlockAttnRes):
+        raise TypeError(f"{_NAME}.{method}: {name} must be a BlockAttnRes, got {type(value).__name__}")
+    return value
+
+
+def _pseudo_query(mixer: BlockAttnRes) -> torch.Tensor:
+    """The reader's folded query norm_weight * proj_weight [H], a float32 product (SPEC.md, the two-phase ops)."""
+    return mixer.norm_weight.float() * mixer.proj_weight.float().reshape(-1)
+
+
+class _OneCandidateRead(torch.autograd.Function):
+    """A read with nothing sealed: live itself, and zero gradients for the mixer's parameters.
+
+    A one-candidate softmax is 1 whatever the score, so the parameters' gradient is exactly zero. Handing autograd
+    that zero (rather than leaving the parameters out of the graph) keeps them "used" for DDP and FSDP, as the
+    paper's code does by running the softmax over the one candidate.
+    """
+
+    @staticmethod
+    def forward(ctx, live, proj_weight, norm_weight):
+        ctx.weight_metas = [(weight.shape, weight.dtype, weight.device) for weight in (proj_weight, norm_weight)]
+        return live.view_as(live)
+
+    @staticmethod
+    def backward(ctx, grad):
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.weight_metas]
+        return grad, *zeros
+
+
+class _Span:
+    """The two-phase state between two seals: the declared readers and prepare's outputs (one row each)."""
+
+    def __init__(self, readers: list[BlockAttnRes], numerator, logit_max, exp_sum):
+        self.readers = readers
+        self.numerator, self.logit_max, self.exp_sum = numerator, logit_max, exp_sum
+        self.next_reader = 0
+
+
+class ResidualStream:
+    """The residual stream a Block AttnRes model's forward drives (see the module docstring for the schedule).
+
+    Args:
+        embeddings: [..., H] the token embeddings, the first live tensor.
+        max_blocks: how many seals the stream will take (the snapshot buffer's slots on the no-grad paths);
+            None grows the buffer as needed. A seal beyond max_blocks raises.
+        two_phase: None picks the two-phase ops for a span between seals when no gradient is needed (grad mode
+            off at construction), the seal declared its readers and the ops exist; True requires them (a clear
+            error when impossible); False uses the per-layer op only.
+    """
+
+    def __init__(self, embeddings: torch.Tensor, *, max_blocks: int | None = None, two_phase: bool | None = None):
+        if not isinstance(embeddings, torch.Tensor) or embeddings.dim() < 1:
+            raise TypeError(f"{_NAME}: embeddings must be a torch.Tensor [..., H], got "
+                            f"{type(embeddings).__name__}{list(getattr(embeddings, 'shape', []))}")
+        if two_phase not in (None, True, False):
+            raise ValueError(f"{_NAME}: two_phase must be None, True or False, got {two_phase!r}")
+        if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
+            raise ValueError(f"{_NAME}: max_blocks must be a positive int or None, got {max_blocks!r}")
+        self.shape = embeddings.shape
+        self.max_blocks = max_blocks
+        self.two_phase = two_phase
+        self.grad_mode = torch.is_grad_enabled()
+        self.uses_two_phase_storage = self._check_two_phase_possible()
+        # Reads return the dtype of the last accumulated tensor (the embeddings' at first).
+        self.activation_dtype = embeddings.dtype
+        self.num_sealed = 0
+        self.snapshots: torch.Tensor | None = None  # grad path: [..., n, H]; no-grad paths: [..., capacity, H]
+        self.span: _Span | None = None
+        self.pending: torch.Tensor | None = None  # two-phase: accumulated since the last read, not yet in live
+        self.has_live = True  # False from a seal to the next accumulate
+        if self.uses_two_phase_storage:
+            # The update op writes the live stream in place: it must be this stream's own float32 tensor.
+            self.live: torch.Tensor | None = embeddings.to(torch.float32, memory_format=torch.contiguous_format,
+                                                           copy=True)
+        else:
+            self.live = embeddings
+
+    @property
+    def two_phase_active(self) -> bool:
+        """Whether the reads until the next seal go through the two-phase ops."""
+        return self.span is not None
+
+    # --- the schedule ------------------------------------------------------------------------------------------
+
+    def read(self, mixer: BlockAttnRes) -> torch.Tensor:
+        """The mix of the sealed snapshots and live by `mixer` -> [..., H] (live alone when nothing is sealed)."""
+        _require_mixer("read", "mixer", mixer)
+        if not self.has_live:
+            raise RuntimeError(f"{_NAME}.read: there is no live tensor since the last seal; accumulate a sublayer's "
+                               "output before reading (a seal leaves no live tensor, and no read sees a zero row)")
+        if self.span is not None:
+            return self._read_two_phase(mixer)
+        if self.num_sealed == 0:
+            return self._read_live_alone(mixer)
+        hidden = mixer(self.live, self._sealed_view())
+        return hidden.to(self.activation_dtype)
+
+    def accumulate(self, out: torch.Tensor) -> None:
+        """live = out right after a seal (or at the start), else live + out; `out` is [..., H] like the embeddings."""
+        if not isinstance(out, torch.Tensor) or out.shape != self.shape:
+            raise ValueError(f"{_NAME}.accumulate: out must be a tensor of the embeddings' shape {list(self.shape)}, "
+                             f"got {type(out).__name__}{list(getattr(out, 'shape', []))}")
+        if self.uses_two_phase_storage and torch.is_grad_enabled() and out.requires_grad:
+            raise RuntimeError(f"{_NAME}.accumulate: this stream was built without grad (its live stream is updated "
+                               "in place) but out requires grad; build the stream with grad mode on to train")
+        self.activation_dtype = out.dtype
+        if self.span is not None:
+            self._fold_pending()
+            self.pending = out  # the next read's delta
+        elif self.uses_two_phase_storage:
+            self.live.add_(out)  # after a seal live is zero, and 0 + out == out exactly
+        else:
+            self.live = out if not self.has_live else self.live + out
+        self.has_live = True
+
+    def seal(self, readers=None) -> None:
+        """live becomes a snapshot; `readers` lists, in order, the BlockAttnRes modules that read before the next
+        seal, so that the two-phase path scores the snapshots once for all of them."""
+        if readers is not None:
+            readers = [_require_mixer("seal", f"readers[{index}]", mixer) for index, mixer in enumerate(readers)]
+        if not self.has_live:
+            raise RuntimeError(f"{_NAME}.seal: there is no live tensor to seal (the previous seal took it); "
+                               "accumulate a sublayer's output first")
+        if self.max_blocks is not None and self.num_sealed >= self.max_blocks:
+            raise RuntimeError(f"{_NAME}.seal: seal {self.num_sealed + 1} exceeds max_blocks={self.max_blocks} "
+                               "(the snapshot buffer's slots); build the stream with the model's number of seals")
+        reason = self._two_phase_refusal(readers, self.num_sealed + 1)
+        if reason is not None and self.two_phase:
+            raise RuntimeError(f"{_NAME}.seal: two_phase=True but the two-phase path cannot run: {reason}")
+        if self.span is not None:
+            self._fold_pending()
+            self.span = None
+        self._append_snapshot()
+        self.num_sealed += 1
+        if reason is None:
+            self.span = self._prepare(readers)
+
+    def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
+        if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
+            return self.live.to(self.activation_dtype, copy=True)
+        live = self.live.to(self.activation_dtype)
+        if torch.is_grad_enabled() and (mixer.proj_weight.requires_grad or mixer.norm_weight.requires_grad):
+            return _OneCandidateRead.apply(live, mixer.proj_weight, mixer.norm_weight)
+        return live
+
+    # --- storage -------------------------------------------------------------------------------------------------
+
+    def _sealed_view(self) -> torch.Tensor:
+        """The sealed snapshots [..., n, H] (a view of the first n slots on the no-grad paths)."""
+        if self.grad_mode:
+            return self.snapshots
+        return self.snapshots[..., : self.num_sealed, :]
+
+    def _append_snapshot(self) -> None:
+        live, self.has_live = self.live, False
+        if self.grad_mode:
+            # Functional on purpose (see the module docstring): earlier reads saved the previous tensor.
+            dtype = self.snapshots.dtype if self.snapshots is not None else live.dtype
+            new = live.to(dtype).unsqueeze(-2)
+            self.snapshots = new if self.snapshots is None else torch.cat((self.snapshots, new), dim=-2)
+            self.live = None
+            return
+        self._ensure_capacity(live.dtype, live.device)
+        self.snapshots[..., self.num_sealed, :].copy_(live)
+        if self.uses_two_phase_storage:
+            # The same float32 tensor is the next live stream, zeroed: the next delta lands on 0 exactly.
+            live.zero_()
+        else:
+            self.live = None
+
+    def _ensure_capacity(self, dtype: torch.dtype, device: torch.device) -> None:
+        if self.snapshots is None:
+            slots = self.max_blocks or _FIRST_CAPACITY
+            self.snapshots = torch.empty(*self.shape[:-1], slots, self.shape[-1], dtype=dtype, device=device)
+        elif self.num_sealed == self.snapshots.shape[-2]:  # only with max_blocks=None
+            grown = self.snapshots.new_empty(*self.shape[:-1], 2 * self.num_sealed, self.shape[-1])
+            grown[..., : self.num_sealed, :].copy_(self.snapshots)
+            self.snapshots = grown
+
+    # --- the two-phase path --------------------------------------------------------------------------------------
+
+    def _check_two_phase_possible(self) -> bool:
+        """Whether this stream may take the two-phase path (decides its storage); raises for an impossible True."""
+        if self.two_phase is False:
+            return False
+        reason = None
+        if not two_phase_ops_available():
+            reason = ("torch.ops.attnres.block_attn_res_prepare/block_attn_res_update are not available in this "
+                      "build of attnres_ge")
+        elif self.grad_mode:
+            reason = ("grad mode is on (the two-phase ops have no backward); build the stream under "
+                      "torch.no_grad() or torch.inference_mode()")
+        elif self.shape[-1] > _TWO_PHASE_MAX_HIDDEN:
+            reason = f"hidden size {self.shape[-1]} exceeds the two-phase ops' limit {_TWO_PHASE_MAX_HIDDEN}"
+        if reason is not None and self.two_phase:
+            raise RuntimeError(f"{_NAME}: two_phase=True but the two-phase path cannot run: {reason}")
+        return reason is None
+
+    def _two_phase_refusal(self, readers, num_sealed: int) -> str | None:
+        """Why the span a seal opens (with num_sealed snapshots) cannot run two-phase, or None when it can."""
+        if not self.uses_two_phase_storage:
+            return "the stream was built with two_phase=False, with grad mode on, or without the ops"
+        if not readers:
+            return "seal() was not given the readers of the span (readers=[...])"
+        if num_sealed > _PREPARE_MAX_BLOCKS:
+            return f"{num_sealed} snapshots exceed block_attn_res_prepare's limit of {_PREPARE_MAX_BLOCKS}"
+        if len({mixer.norm_eps for mixer in readers}) > 1:
+            return "the readers' norm_eps differ (one prepare takes one eps)"
+        return None
+
+    def _flat(self, tensor: torch.Tensor, *trailing: int) -> torch.Tensor:
+        return tensor.reshape(-1, *trailing)
+
+    def _prepare(self, readers: list[BlockAttnRes]) -> _Span:
+        hidden = self.shape[-1]
+        block_res = self._flat(self.snapshots, self.snapshots.shape[-2], hidden)[:, : self.num_sealed]
+        valid_blocks = torch.tensor([self.num_sealed], dtype=torch.uint64, device=block_res.device)
+        pseudo_query = torch.stack([_pseudo_query(mixer) for mixer in readers])  # [S, H] float32
+        numerator, logit_max, exp_sum = torch.ops.attnres.block_attn_res_prepare(
+            block_res, valid_blocks, pseudo_query, eps=readers[0].norm_eps
+        )
+        return _Span(readers, numerator, logit_max, exp_sum)
+
+    def _fold_pending(self) -> None:
+        """Adds a delta no read consumed to the float32 live stream."""
+        if self.pending is not None:
+            self.live.add_(self.pending)
+            self.pending = None
+
+    def _read_two_phase(self, mixer: BlockAttnRes) -> torch.Tensor:
+        span, slot = self.span, self.span.next_reader
+        if slot >= len(span.readers) or span.readers[slot] is not mixer:
+            expected = "no further read" if slot >= len(span.readers) else f"readers[{slot}] ({span.readers[slot]!r})"
+            raise ValueError(f"{_NAME}.read: the last seal declared its readers in order; read {slot} expected "
+                             f"{expected}, received {mixer!r}")
+        span.next_reader += 1
+        delta = self.pending
+        if delta is None:  # two reads with nothing accumulated between them
+            delta = torch.zeros(self.shape, dtype=self.activation_dtype, device=self.live.device)
+        self.pending = None
+        hidden = self.shape[-1]
+        h = torch.ops.attnres.block_attn_res_update(
+            self._flat(self.live, hidden), self._flat(delta, hidden), _pseudo_query(mixer),
+            span.numerator[slot], span.logit_max[slot], span.exp_sum[slot], eps=mixer.norm_eps,
+        )
+        return h.reshape(self.shape)

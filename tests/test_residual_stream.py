@@ -1,0 +1,316 @@
+"""ResidualStream against a float64 reference of the schedule (SPEC.md, "The residual stream"), on the per-layer
+path and, where the ops exist, the two-phase path: several block sizes, leading dims, autocast, gradients, misuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnres_ge import BlockAttnRes, ResidualStream
+from attnres_ge.stream import two_phase_ops_available
+
+needs_two_phase = pytest.mark.skipif(not two_phase_ops_available(), reason="the two-phase torch ops are not built")
+
+HIDDEN = 16
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------------------------- the float64 reference
+
+
+def reference_read(sealed: list[torch.Tensor], live: torch.Tensor, proj: torch.Tensor, norm: torch.Tensor):
+    """Softmax over depth of RMS-normalised scores; candidates: the sealed snapshots, then live."""
+    candidates = torch.stack([*sealed, live])  # [n+1, ..., H]
+    keys = candidates / candidates.square().mean(-1, keepdim=True).add(EPS).sqrt()
+    scores = (keys * (norm * proj.reshape(-1))).sum(-1)  # [n+1, ...]
+    weights = scores.softmax(dim=0).unsqueeze(-1)
+    return (weights * candidates).sum(0)
+
+
+def reference_stack(model: Stack, embeddings: torch.Tensor) -> torch.Tensor:
+    """The K3 schedule written out with a Python list and a live tensor that a seal empties."""
+    weights = model.float64_weights()
+    sealed, live = [], embeddings
+    for layer in range(model.layers):
+        h = reference_read(sealed, live, *weights["attn_res"][layer])
+        if layer % model.block_size == 0:
+            sealed, live = [*sealed, live], None
+        out = model.attn(layer, h, weights["attn"][layer])
+        live = out if live is None else live + out
+        h = reference_read(sealed, live, *weights["mlp_res"][layer])
+        live = live + model.mlp(layer, h, weights["mlp"][layer])
+    return reference_read(sealed, live, *weights["final_res"])
+
+
+# ---------------------------------------------------------------------------------- a K3-style stack
+
+
+class Stack(torch.nn.Module):
+    """Layers of (read, seal every block_size layers, attention stand-in, read, MLP stand-in), a final read."""
+
+    def __init__(self, layers: int, block_size: int, seed: int = 0):
+        super().__init__()
+        self.layers, self.block_size = layers, block_size
+        generator = torch.Generator().manual_seed(seed)
+
+        def weight(*shape, scale):
+            return torch.nn.Parameter(torch.randn(*shape, generator=generator) * scale)
+
+        def mixer():
+            module = BlockAttnRes(HIDDEN, norm_eps=EPS)
+            with torch.no_grad():
+                module.proj_weight.copy_(torch.randn(1, HIDDEN, generator=generator))
+                module.norm_weight.copy_(1 + 0.2 * torch.randn(HIDDEN, generator=generator))
+            return module
+
+        self.attn_res = torch.nn.ModuleList(mixer() for _ in range(layers))
+        self.mlp_res = torch.nn.ModuleList(mixer() for _ in range(layers))
+        self.final_res = mixer()
+        self.attn_weights = torch.nn.ParameterList(weight(HIDDEN, HIDDEN, scale=0.3) for _ in range(layers))
+        self.mlp_weights = torch.nn.ParameterList(weight(HIDDEN, HIDDEN, scale=0.3) for _ in range(layers))
+
+    @staticmethod
+    def attn(layer: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ weight)
+
+    @staticmethod
+    def mlp(layer: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(x @ weight)
+
+    def num_seals(self) -> int:
+        return -(-self.layers // self.block_size)
+
+    def readers_after_seal(self, layer: int) -> list[BlockAttnRes]:
+        """The reads from this seal (in layer `layer`) to the next one, in order."""
+        readers = [self.mlp_res[layer]]
+        for later in range(layer + 1, min(layer + self.block_size, self.layers)):
+            readers += [self.attn_res[later], self.mlp_res[later]]
+        next_seal = layer + self.block_size
+        readers.append(self.attn_res[next_seal] if next_seal < self.layers else self.final_res)
+        return readers
+
+    def forward(self, embeddings: torch.Tensor, two_phase=None, declare_readers=True, max_blocks="fit"):
+        max_blocks = self.num_seals() if max_blocks == "fit" else max_blocks
+        stream = ResidualStream(embeddings, max_blocks=max_blocks, two_phase=two_phase)
+        self.spans_two_phase = []
+        for layer in range(self.layers):
+            h = stream.read(self.attn_res[layer])
+            if layer % self.block_size == 0:
+                stream.seal(readers=self.readers_after_seal(layer) if declare_readers else None)
+                self.spans_two_phase.append(stream.two_phase_active)
+            stream.accumulate(self.attn(layer, h, self.attn_weights[layer]))
+            h = stream.read(self.mlp_res[layer])
+            stream.accumulate(self.mlp(layer, h, self.mlp_weights[layer]))
+        return stream.read(self.final_res)
+
+    def float64_weights(self) -> dict:
+        def pair(module):
+            return module.proj_weight.double(), module.norm_weight.double()
+
+        return {
+            "attn_res": [pair(module) for module in self.attn_res],
+            "mlp_res": [pair(module) for module in self.mlp_res],
+            "final_res": pair(self.final_res),
+            "attn": [weight.double() for weight in self.attn_weights],
+            "mlp": [weight.double() for weight in self.mlp_weights],
+        }
+
+
+def embeddings_of(shape, seed=1) -> torch.Tensor:
+    return torch.randn(*shape, HIDDEN, generator=torch.Generator().manual_seed(seed))
+
+
+SCHEDULES = [  # (layers, block_size); the layer count a multiple of the block size: the last layer closes a block
+    pytest.param(4, 1, id="4layers-block1"),
+    pytest.param(4, 2, id="4layers-block2-closes"),
+    pytest.param(5, 2, id="5layers-block2"),
+    pytest.param(6, 3, id="6layers-block3-closes"),
+    pytest.param(3, 4, id="3layers-block4-one-block"),
+]
+
+
+def assert_close_float32(actual: torch.Tensor, expected: torch.Tensor, what: str):
+    # Several layers of float32 arithmetic (reads, matmuls) separate the stream from the float64 reference.
+    torch.testing.assert_close(actual.double(), expected, rtol=1e-4, atol=1e-5, msg=lambda text: f"{what}: {text}")
+
+
+# ---------------------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize(("layers", "block_size"), SCHEDULES)
+def test_per_layer_path_equals_the_float64_schedule(layers, block_size):
+    model = Stack(layers, block_size)
+    embeddings = embeddings_of((2, 3))
+    expected = reference_stack(model, embeddings.double())
+    with torch.no_grad():
+        assert_close_float32(model(embeddings, two_phase=False), expected, "no grad")
+        assert not any(model.spans_two_phase)
+    assert_close_float32(model(embeddings, two_phase=False).detach(), expected, "grad mode")
+
+
+@needs_two_phase
+@pytest.mark.parametrize(("layers", "block_size"), SCHEDULES)
+def test_two_phase_path_equals_the_float64_schedule_and_the_per_layer_path(layers, block_size):
+    model = Stack(layers, block_size)
+    embeddings = embeddings_of((2, 3))
+    expected = reference_stack(model, embeddings.double())
+    with torch.no_grad():
+        two_phase = model(embeddings, two_phase=True)
+        assert all(model.spans_two_phase) and len(model.spans_two_phase) == model.num_seals()
+        automatic = model(embeddings)
+        assert all(model.spans_two_phase), "two_phase=None takes the two-phase ops without grad when readers are named"
+        per_layer = model(embeddings, two_phase=False)
+    assert_close_float32(two_phase, expected, "two-phase")
+    assert torch.equal(automatic, two_phase)
+    torch.testing.assert_close(two_phase, per_layer, rtol=1e-4, atol=1e-5)
+
+
+@needs_two_phase
+def test_without_declared_readers_the_automatic_stream_reads_per_layer():
+    model = Stack(4, 2)
+    embeddings = embeddings_of((5,))
+    with torch.no_grad(), torch.inference_mode():
+        result = model(embeddings, declare_readers=False)
+    assert not any(model.spans_two_phase)
+    assert_close_float32(result, reference_stack(model, embeddings.double()), "undeclared readers")
+
+
+@pytest.mark.parametrize("leading", [(), (7,), (2, 3), (2, 1, 3)], ids=["one-token", "T", "B-S", "three-dims"])
+@pytest.mark.parametrize("two_phase", [False, pytest.param(True, marks=needs_two_phase)],
+                         ids=["per-layer", "two-phase"])
+def test_leading_dims(leading, two_phase):
+    model = Stack(3, 2)
+    embeddings = embeddings_of(leading)
+    with torch.no_grad():
+        result = model(embeddings, two_phase=two_phase)
+    assert result.shape == (*leading, HIDDEN)
+    assert_close_float32(result, reference_stack(model, embeddings.double()), f"leading dims {leading}")
+
+
+def test_the_first_read_of_a_block_mixes_no_zero_row():
+    """The bug this stream fixes: zero pseudo-queries give the plain average of the real candidates only."""
+    embeddings, out = embeddings_of((4,)), embeddings_of((4,), seed=2)
+    mixer = BlockAttnRes(HIDDEN)  # proj_weight zeros: uniform weights over the candidates
+    stream = ResidualStream(embeddings)
+    torch.testing.assert_close(stream.read(mixer), embeddings, rtol=0, atol=0)  # nothing sealed: live alone
+    stream.seal()
+    stream.accumulate(out)
+    torch.testing.assert_close(stream.read(mixer), (embeddings + out) / 2, rtol=1e-6, atol=1e-6)
+
+
+def test_a_growing_buffer_takes_more_seals_than_its_first_allocation():
+    model = Stack(11, 1)  # 11 seals: more than the 8 slots a buffer without max_blocks starts with
+    embeddings = embeddings_of((3,))
+    with torch.no_grad():
+        result = model(embeddings, two_phase=False, max_blocks=None)
+    assert_close_float32(result, reference_stack(model, embeddings.double()), "grown buffer")
+
+
+# ---------------------------------------------------------------------------------- dtypes and gradients
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
+def test_autocast_bfloat16(grad):
+    model = Stack(4, 2)
+    embeddings = embeddings_of((2, 3))
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+        result = model(embeddings)
+    assert result.dtype == torch.bfloat16  # the dtype of the last accumulated output
+    # bfloat16 matmuls in every sublayer: the tolerance of SPEC's bfloat16 row, widened for four layers.
+    torch.testing.assert_close(result.double(), reference_stack(model, embeddings.double()), rtol=5e-2, atol=5e-2)
+    if grad:
+        result.float().square().sum().backward()
+        assert model.attn_res[1].proj_weight.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("layers", "block_size"), SCHEDULES[1:3])
+def test_gradients_equal_the_float64_schedule(layers, block_size):
+    model = Stack(layers, block_size)
+    embeddings = embeddings_of((2, 3)).requires_grad_()
+    cotangent = embeddings_of((2, 3), seed=3)
+    (model(embeddings) * cotangent).sum().backward()
+
+    reference_model = Stack(layers, block_size).double()
+    reference_embeddings = embeddings.detach().double().requires_grad_()
+    (reference_stack(reference_model, reference_embeddings) * cotangent.double()).sum().backward()
+
+    actual = {"embeddings": embeddings.grad, **{name: p.grad for name, p in model.named_parameters()}}
+    expected = {"embeddings": reference_embeddings.grad,
+                **{name: p.grad for name, p in reference_model.named_parameters()}}
+    for name, grad in actual.items():
+        assert grad is not None, f"no gradient reached {name}"
+        # Weight gradients sum over tokens: relative to the tensor's largest entry (SPEC.md, "Numerics").
+        scale = expected[name].abs().max().item()
+        torch.testing.assert_close(grad.double(), expected[name], rtol=1e-4, atol=1e-4 * max(scale, 1e-2),
+                                   msg=lambda text, name=name: f"gradient of {name}: {text}")
+
+
+# ---------------------------------------------------------------------------------- misuse
+
+
+def test_reading_right_after_a_seal_raises():
+    stream = ResidualStream(embeddings_of((3,)))
+    stream.seal()
+    with pytest.raises(RuntimeError, match=r"ResidualStream\.read: there is no live tensor since the last seal"):
+        stream.read(BlockAttnRes(HIDDEN))
+    with pytest.raises(RuntimeError, match=r"ResidualStream\.seal: there is no live tensor to seal"):
+        stream.seal()
+
+
+def test_accumulating_the_wrong_shape_raises():
+    stream = ResidualStream(embeddings_of((3,)))
+    with pytest.raises(ValueError, match=r"ResidualStream\.accumulate: out must be a tensor of the embeddings' shape "
+                                         r"\[3, 16\], got Tensor\[3, 8\]"):
+        stream.accumulate(torch.zeros(3, 8))
+
+
+def test_reading_with_something_else_than_a_block_attn_res_raises():
+    stream = ResidualStream(embeddings_of((3,)))
+    with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes, got Linear"):
+        stream.read(torch.nn.Linear(HIDDEN, HIDDEN))
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
+def test_more_seals_than_max_blocks_raise(grad):
+    with torch.set_grad_enabled(grad):
+        stream = ResidualStream(embeddings_of((3,)), max_blocks=1, two_phase=False)
+        stream.seal()
+        stream.accumulate(embeddings_of((3,), seed=2))
+        with pytest.raises(RuntimeError, match=r"ResidualStream\.seal: seal 2 exceeds max_blocks=1"):
+            stream.seal()
+
+
+def test_two_phase_required_with_grad_mode_on_raises():
+    with pytest.raises(RuntimeError, match=r"ResidualStream: two_phase=True but the two-phase path cannot run: "
+                                           r"(grad mode is on|.*not available)"):
+        ResidualStream(embeddings_of((3,)), two_phase=True)
+
+
+@needs_two_phase
+def test_two_phase_required_without_declared_readers_raises():
+    with torch.no_grad():
+        stream = ResidualStream(embeddings_of((3,)), two_phase=True)
+        with pytest.raises(RuntimeError, match=r"ResidualStream\.seal: two_phase=True .* not given the readers"):
+            stream.seal()
+
+
+@needs_two_phase
+def test_a_read_out_of_the_declared_order_raises():
+    first, second = BlockAttnRes(HIDDEN), BlockAttnRes(HIDDEN)
+    with torch.no_grad():
+        stream = ResidualStream(embeddings_of((3,)))
+        stream.seal(readers=[first])
+        stream.accumulate(embeddings_of((3,), seed=2))
+        with pytest.raises(ValueError, match=r"ResidualStream\.read: .* read 0 expected readers\[0\]"):
+            stream.read(second)
+        stream.read(first)
+        with pytest.raises(ValueError, match=r"read 1 expected no further read"):
+            stream.read(first)
+
+
+@needs_two_phase
+def test_a_stream_built_without_grad_refuses_outputs_that_need_one():
+    with torch.no_grad():
+        stream = ResidualStream(embeddings_of((3,)))
+    with pytest.raises(RuntimeError, match=r"ResidualStream\.accumulate: this stream was built without grad"):
+        stream.accumulate(embeddings_of((3,)).requires_grad_())
