@@ -19,12 +19,15 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def cmd_demo(args) -> int:
-    """The main job: one layer checked against float64, then eager and graph training side by side."""
-    from attnres_ge.examples import eager_check, train
+    """The main job: one layer checked against float64, eager and graph training side by side, then generation
+    with the eagerly trained model."""
+    from attnres_ge.examples import eager_check, generate, train
 
     status = eager_check.main()
     print()
-    train.main(["--steps", str(args.steps)])
+    runs = train.main(["--steps", str(args.steps)])
+    print()
+    generate.main(["--new-tokens", "8"], model=runs["eager"].model)
     return status
 
 
@@ -76,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="one layer checked against float64, then eager vs graph training")
+    demo = commands.add_parser("demo", help="one layer checked against float64, eager vs graph training, generation")
     demo.add_argument("--steps", type=int, default=8, help="training steps per mode (default: 8)")
     demo.set_defaults(run=cmd_demo)
 

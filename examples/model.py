@@ -104,9 +104,11 @@ class Layer(nn.Module):
 class BlockAttnResLM(nn.Module):
     """tokens [B, S] int64 -> logits [B, S, vocab]."""
 
-    def __init__(self, vocab: int = 64, hidden: int = 32, layers: int = 4, layers_per_block: int = 2, heads: int = 2):
+    def __init__(self, vocab: int = 64, hidden: int = 32, layers: int = 4, layers_per_block: int = 2, heads: int = 2,
+                 *, two_phase: bool | None = None):
         super().__init__()
         self.layers_per_block = layers_per_block
+        self.two_phase = two_phase  # the stream's choice of read path (ResidualStream's two_phase)
         self.embed = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(Layer(hidden, heads) for _ in range(layers))
         self.final_res = BlockAttnRes(hidden)
@@ -134,7 +136,7 @@ class BlockAttnResLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
         """tokens [B, S] -> logits [B, S, vocab]; `caches` (one KVCache per layer) holds the earlier tokens."""
-        stream = ResidualStream(self.embed(tokens), max_blocks=self.num_seals)
+        stream = ResidualStream(self.embed(tokens), max_blocks=self.num_seals, two_phase=self.two_phase)
         for index, layer in enumerate(self.layers):
             h = stream.read(layer.attn_res)
             if index % self.layers_per_block == 0:
