@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 
+import attnres_ge
 from attnres_ge.examples.generate import generate, main
 from attnres_ge.examples.model import BlockAttnResLM, KVCache
 from attnres_ge.stream import two_phase_ops_available
@@ -54,3 +56,18 @@ def test_the_example_prints_tokens_and_time_per_token(capsys):
     assert run.tokens.shape == (2, 3) and len(run.decode_seconds) == 2
     printed = capsys.readouterr().out
     assert "sequence 0: prompt" in printed and "ms per token" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not two_phase_ops_available(), reason="the two-phase torch ops are not built")
+def test_two_phase_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path):
+    """Under attnres_ge's backend the stream's two-phase reads are BlockAttnResPrepare/BlockAttnResUpdate nodes."""
+    torch._dynamo.reset()
+    model, prompt = model_and_prompt(None)
+    compiled = torch.compile(model, backend=attnres_ge.ge_backend(dump_path=str(tmp_path)))
+    eager_caches, graph_caches = [KVCache() for _ in model.layers], [KVCache() for _ in model.layers]
+    with torch.no_grad():
+        for tokens in (prompt, prompt[:, :1], prompt[:, 1:2]):  # the prefill, then two decode steps
+            assert torch.equal(compiled(tokens, graph_caches), model(tokens, eager_caches))
+    node_types = "".join(path.read_text() for path in tmp_path.glob("*.pbtxt"))
+    assert 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdate"' in node_types
