@@ -98,6 +98,32 @@ $(CANN_HOST_LIB): $(CANN_HOST_OBJS)
 
 cann-host: cann-kit $(CANN_HOST_LIB)
 
+# CANN's host code of the two-phase ops (BlockAttnResPrepare / BlockAttnResUpdate), staged in the kit under
+# upstream/two-phase (not built by the kit's build.sh): the oracle tests/cann compares ours with.
+TWO_PHASE_SRC = $(abspath $(CANN_SRC))/upstream/two-phase
+TWO_PHASE_DIR := $(CANN_HOST_DIR)/upstream-two-phase
+TWO_PHASE_LIB := $(TWO_PHASE_DIR)/libupstream_two_phase_host.a
+TWO_PHASE_SOURCES = $(wildcard $(TWO_PHASE_SRC)/attention/*/op_host/*.cpp $(TWO_PHASE_SRC)/attention/*/op_host/*/*.cpp \
+	$(TWO_PHASE_SRC)/attention/*/op_host/*/*/*.cpp)
+TWO_PHASE_OBJS = $(patsubst $(TWO_PHASE_SRC)/%.cpp,$(TWO_PHASE_DIR)/obj/%.o,$(TWO_PHASE_SOURCES))
+TWO_PHASE_LOG_OBJ := $(TWO_PHASE_DIR)/obj/opbase_log.o
+TWO_PHASE_CXXFLAGS = $(CANN_CXXFLAGS) -I$(abspath $(CANN_SRC))/upstream/ops-transformer/common/include \
+	-I$(abspath $(CANN_SRC))/upstream/opbase/include -I$(TWO_PHASE_SRC)/opbase/include/op_common/op_host \
+	-I$(TWO_PHASE_SRC)
+
+$(TWO_PHASE_DIR)/obj/%.o: $(TWO_PHASE_SRC)/%.cpp | cann-kit
+	@mkdir -p $(@D)
+	$(CANN_CXX) $(TWO_PHASE_CXXFLAGS) -c $< -o $@
+
+$(TWO_PHASE_LOG_OBJ): $(TWO_PHASE_SRC)/opbase/src/op_common/log/log.cpp | cann-kit
+	@mkdir -p $(@D)
+	$(CANN_CXX) $(TWO_PHASE_CXXFLAGS) -c $< -o $@
+
+$(TWO_PHASE_LIB): $(TWO_PHASE_OBJS)
+	@test -n "$(TWO_PHASE_OBJS)" || { echo "no upstream/two-phase sources in CANN_SRC=$(CANN_SRC)" >&2; exit 1; }
+	rm -f $@
+	ar rcs $@ $^
+
 # tests/cann: the same driver linked with our registrations and with upstream's; the SoC file is copied where
 # fe::PlatformInfoManager looks for it (<exe dir>/../data/platform_config).
 CANN_DRIVER_OBJS := $(CANN_HOST_DIR)/obj/tests/cann/cann_driver.o $(CANN_HOST_DIR)/obj/tests/cann/opdef_json.o
@@ -106,13 +132,16 @@ $(CANN_HOST_DIR)/obj/tests/cann/opdef_json.o: tests/cann/opdef_json.cpp | cann-k
 	@mkdir -p $(@D)
 	$(CANN_CXX) $(CANN_CXXFLAGS) -fno-access-control -c $< -o $@
 
-cann-host-drivers: cann-host $(CANN_DRIVER_OBJS)
+cann-host-drivers: cann-host $(CANN_DRIVER_OBJS) $(TWO_PHASE_LIB) $(TWO_PHASE_LOG_OBJ)
 	@mkdir -p $(CANN_HOST_DIR)/bin $(CANN_HOST_DIR)/data/platform_config
 	cp -f $(CANN_SIM_DIR)/data/platform_config/Ascend910B2.ini $(CANN_HOST_DIR)/data/platform_config/
+	cp -f $(TWO_PHASE_SRC)/runtime/src/platform/platform_config/cann-dev/Ascend950PR_9579.ini \
+		$(CANN_HOST_DIR)/data/platform_config/
 	$(CANN_CXX) -o $(CANN_HOST_DIR)/bin/driver_ours $(CANN_DRIVER_OBJS) \
 		-Wl,--whole-archive $(CANN_HOST_LIB) -Wl,--no-whole-archive $(CANN_SIM_LIBS)
 	$(CANN_CXX) -o $(CANN_HOST_DIR)/bin/driver_upstream $(CANN_DRIVER_OBJS) \
-		-Wl,--whole-archive $(CANN_SIM_DIR)/lib/libupstream_attnres_host.a -Wl,--no-whole-archive $(CANN_SIM_LIBS)
+		-Wl,--whole-archive $(CANN_SIM_DIR)/lib/libupstream_attnres_host.a $(TWO_PHASE_LIB) -Wl,--no-whole-archive \
+		$(TWO_PHASE_LOG_OBJ) $(CANN_SIM_LIBS)
 
 clean:
 	rm -rf $(VENV) $(INTEROP_VENV) build *.egg-info

@@ -96,6 +96,7 @@ ge::graphStatus ResolvePlatform(gert::TilingContext *ctx, const char *opType, Re
     }
 
     out = ResolvedPlatform{};
+    out.npuArch = reading.npuArch > 0 ? reading.npuArch : 0;
     out.regbase = reading.npuArch == NPU_ARCH_DAV_3510 || reading.npuArch == NPU_ARCH_DAV_5102;
     const bool complete = reading.vectorCoreNum != 0U && reading.ubSize != 0U && reading.npuArch > 0;
     if (complete) {

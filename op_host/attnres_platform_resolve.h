@@ -37,6 +37,7 @@ struct ResolvedPlatform {
     uint64_t ubSize = FALLBACK_UB_BYTES;                 // > 0, as PlatformAscendC::GetCoreMemSize(UB) reports it
     uint64_t sysWorkspaceSize = FALLBACK_SYS_WORKSPACE_BYTES;
     bool regbase = false;    // NpuArch 3510 / 5102: the ascend950 ("arch35") kernels
+    int32_t npuArch = 0;     // the platform's NpuArch; 0 when it has none
     bool fellBack = false;   // some value came from the fallback, not the platform
 };
 

@@ -8,6 +8,7 @@
 #ifndef ATTNRES_GE_OP_PROTO_SHAPE_CHECK_H
 #define ATTNRES_GE_OP_PROTO_SHAPE_CHECK_H
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -49,6 +50,7 @@ inline const char *DtypeText(ge::DataType dtype)
         case ge::DT_FLOAT16: return "float16";
         case ge::DT_BF16: return "bfloat16";
         case ge::DT_FLOAT: return "float32";
+        case ge::DT_UINT64: return "uint64";
         default: return "an unsupported dtype";
     }
 }
@@ -193,6 +195,30 @@ inline bool CheckInputDtypes(const char *op, gert::InferDataTypeContext *ctx, si
         }
     }
     return true;
+}
+
+// InferDataType: input `index` (`tensor`) must have dtype `wanted` (the OpDef's only dtype for it).
+inline bool CheckInputDtypeIs(const char *op, gert::InferDataTypeContext *ctx, size_t index, const char *tensor,
+                              ge::DataType wanted)
+{
+    const ge::DataType got = ctx->GetInputDataType(index);
+    if (got != wanted) {
+        OP_LOGE(op, "[InferDataType] %s must have dtype %s, got %s (%d)", tensor, DtypeText(wanted), DtypeText(got),
+                static_cast<int>(got));
+        return false;
+    }
+    return true;
+}
+
+// A Float attribute (GE stores float32) that must be finite and > 0; `value` is the stored float32.
+inline bool CheckPositiveFloatAttr(const char *op, const char *stage, const char *attr, float value)
+{
+    if (std::isfinite(value) && value > 0.0F) {
+        return true;
+    }
+    OP_LOGE(op, "[%s] attribute %s must be finite and > 0 (as float32), got %g", stage, attr,
+            static_cast<double>(value));
+    return false;
 }
 
 }  // namespace attnres_ge

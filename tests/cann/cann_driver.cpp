@@ -12,14 +12,19 @@
 //   * InferShape / InferDataType through their context builders.
 //
 // Commands (stdin, one per line; '#' starts a comment):
-//   tiling <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H>
-//   threads <count> <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H>   (the case from <count> threads)
+//   tiling <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S>]
+//   threads <count> <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S>]   (the case from <count> threads)
 //   infer <op> <attrs> <dtype>:<dims> ...     attrs: grad "valid_block_num", forward
-//                                              "valid_block_num,norm_eps,need_backward"; dims "4,2,8", "-2", "s"
+//                                              "valid_block_num,norm_eps,need_backward", prepare/update "eps";
+//                                              dims "4,2,8", "-2", "s"
 //   opdef
+// The two-phase ops read the tiling case as: BlockAttnResPrepare block_res [T, N, H] float32, valid_blocks [1]
+// uint64, pseudo_query [S, H] (dtype and need_backward ignored); BlockAttnResUpdate partial_block [T, H] (N, S and
+// need_backward ignored; dtype is delta's). H is their D.
 // Platforms: cold (PlatFormInfos::Init only), late (cold at TilingParse, filled as hand910b2 before Tiling),
-// ini910b2 (fe::PlatformInfoManager reading Ascend910B2.ini), hand910b2, hand91093, hand950 (built by hand),
-// vectorcountonly (see FillVectorCountOnly).
+// late950 (the same, filled as hand950cube), ini910b2 / ini950 (fe::PlatformInfoManager reading Ascend910B2.ini /
+// Ascend950PR_9579.ini; the manager caches one platform per device, so one driver run uses one of them),
+// hand910b2, hand91093, hand950, hand950cube (built by hand), vectorcountonly (see FillVectorCountOnly).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdint>
@@ -51,6 +56,8 @@ namespace {
 using Funcs = gert::OpImplKernelRegistry::OpImplFunctionsV2;
 constexpr const char *GRAD = "BlockAttentionResidualsGrad";
 constexpr const char *FWD = "BlockAttentionResiduals";
+constexpr const char *PREPARE = "BlockAttnResPrepare";
+constexpr const char *UPDATE = "BlockAttnResUpdate";
 constexpr size_t MAX_TILING_DATA_BYTES = 16U * 1024U;  // GE's kMaxTilingDataSize
 constexpr size_t WORKSPACE_SLOTS = 16;
 
@@ -100,15 +107,23 @@ public:
 // ---------------------------------------------------------------- platforms
 struct SocKeys {
     const char *socVersion, *shortSocVersion, *npuArch, *aiCores, *cubeCores, *vectorCores, *ubBytes;
+    // The cube memories (AICoreSpec l1_size, l0_a/b/c_size); nullptr: not set.
+    const char *l1Bytes = nullptr, *l0aBytes = nullptr, *l0bBytes = nullptr, *l0cBytes = nullptr;
 };
 // Ascend910B2 and Ascend910_9391: the keys of hicann/runtime's platform_config .ini files. Ascend950PR_9579: the
-// version keys and core counts published for that SoC (28 AIC + 56 AIV); its UB size is an assumption (248 KiB),
-// as no .ini of it is in the kit. Only the keys the two ops read are set.
+// version keys and core counts of that SoC (28 AIC + 56 AIV) and its UB (248 KiB), as in the kit's
+// upstream/two-phase Ascend950PR_9579.ini; hand950cube adds that file's L1 and L0 sizes (hand950 has none, so
+// BlockAttnResPrepare's mix template cannot fit there). Only the keys the ops read are set.
 const std::map<std::string, SocKeys> HAND_BUILT = {
     {"hand910b2", {"Ascend910B2", "Ascend910B", "2201", "24", "24", "48", "196608"}},
     {"hand91093", {"Ascend910_9391", "Ascend910_93", "2201", "24", "24", "48", "196608"}},
     {"hand950", {"Ascend950PR_9579", "Ascend950", "3510", "28", "28", "56", "253952"}},
+    {"hand950cube",
+     {"Ascend950PR_9579", "Ascend950", "3510", "28", "28", "56", "253952", "524288", "65536", "65536", "262144"}},
 };
+// The SoC file each ini* platform reads, and the hand-built platform each late* platform is filled as.
+const std::map<std::string, std::string> INI_SOCS = {{"ini910b2", "Ascend910B2"}, {"ini950", "Ascend950PR_9579"}};
+const std::map<std::string, std::string> LATE_FILLS = {{"late", "hand910b2"}, {"late950", "hand950cube"}};
 
 void FillByHand(fe::PlatFormInfos &platform, const SocKeys &keys)
 {
@@ -119,6 +134,12 @@ void FillByHand(fe::PlatFormInfos &platform, const SocKeys &keys)
                                               {"vector_core_cnt", keys.vectorCores},
                                               {"core_type_list", "CubeCore,VectorCore"}};
     std::map<std::string, std::string> spec = {{"ub_size", keys.ubBytes}};
+    const std::pair<const char *, const char *> cube[] = {
+        {"l1_size", keys.l1Bytes}, {"l0_a_size", keys.l0aBytes}, {"l0_b_size", keys.l0bBytes},
+        {"l0_c_size", keys.l0cBytes}};
+    for (const auto &[key, value] : cube) {
+        if (value != nullptr) spec[key] = value;
+    }
     platform.SetPlatformRes("version", version);
     platform.SetPlatformRes("SoCInfo", soc);
     platform.SetPlatformRes("AICoreSpec", spec);
@@ -126,11 +147,11 @@ void FillByHand(fe::PlatFormInfos &platform, const SocKeys &keys)
 }
 
 // As asc-devkit's PlatformAscendCManager::PlatformAscendCInit does: the real PlatformInfoManager reads
-// <exe dir>/../data/platform_config/Ascend910B2.ini.
-bool FillFromIni(fe::PlatFormInfos &platform)
+// <exe dir>/../data/platform_config/<soc>.ini.
+bool FillFromIni(fe::PlatFormInfos &platform, const std::string &soc)
 {
     auto &manager = fe::PlatformInfoManager::Instance();
-    if (manager.InitRuntimePlatformInfos("Ascend910B2") != 0U ||
+    if (manager.InitRuntimePlatformInfos(soc.c_str()) != 0U ||
         manager.GetRuntimePlatformInfosByDevice(0U, platform) != 0U) {
         return false;
     }
@@ -157,12 +178,12 @@ void FillVectorCountOnly(fe::PlatFormInfos &platform)
 bool MakeParsePlatform(const std::string &name, fe::PlatFormInfos &platform)
 {
     platform.Init();
-    if (name == "cold" || name == "late") return true;
+    if (name == "cold" || LATE_FILLS.count(name) != 0) return true;
     if (name == "vectorcountonly") {
         FillVectorCountOnly(platform);
         return true;
     }
-    if (name == "ini910b2") return FillFromIni(platform);
+    if (INI_SOCS.count(name) != 0) return FillFromIni(platform, INI_SOCS.at(name));
     auto it = HAND_BUILT.find(name);
     if (it == HAND_BUILT.end()) return false;
     FillByHand(platform, it->second);
@@ -171,7 +192,8 @@ bool MakeParsePlatform(const std::string &name, fe::PlatFormInfos &platform)
 
 void FillLate(const std::string &name, fe::PlatFormInfos &platform)
 {
-    if (name == "late") FillByHand(platform, HAND_BUILT.at("hand910b2"));
+    auto it = LATE_FILLS.find(name);
+    if (it != LATE_FILLS.end()) FillByHand(platform, HAND_BUILT.at(it->second));
 }
 
 // ---------------------------------------------------------------- tensors and attrs
@@ -181,6 +203,7 @@ ge::DataType ParseDtype(const std::string &text)
     if (text == "bfloat16") return ge::DT_BF16;
     if (text == "float32") return ge::DT_FLOAT;
     if (text == "int32") return ge::DT_INT32;
+    if (text == "uint64") return ge::DT_UINT64;
     return ge::DT_UNDEFINED;
 }
 
@@ -191,6 +214,7 @@ const char *DtypeName(ge::DataType dtype)
         case ge::DT_BF16: return "bfloat16";
         case ge::DT_FLOAT: return "float32";
         case ge::DT_INT32: return "int32";
+        case ge::DT_UINT64: return "uint64";
         default: return "undefined";
     }
 }
@@ -221,18 +245,62 @@ struct Tensors {
     }
 };
 
-// Attributes in OpDef order: grad {valid_block_num}; forward {valid_block_num, norm_eps, need_backward}.
+bool IsTwoPhase(const std::string &op)
+{
+    return op == PREPARE || op == UPDATE;
+}
+
+size_t OutputCount(const std::string &op)
+{
+    if (op == GRAD) return 4;
+    if (op == UPDATE) return 2;
+    return 3;
+}
+
+// Attributes in OpDef order: grad {valid_block_num}; forward {valid_block_num, norm_eps, need_backward};
+// prepare and update {eps}.
 struct Attrs {
     int64_t validBlockNum = 0;
     float normEps = 1e-6F;
     bool needBackward = false;
+    float eps = 1e-6F;
 };
 
 template <typename Builder>
-void AppendAttrs(Builder &builder, bool grad, const Attrs &attrs)
+void AppendAttrs(Builder &builder, const std::string &op, const Attrs &attrs)
 {
+    if (IsTwoPhase(op)) {
+        builder.AppendAttr(attrs.eps);
+        return;
+    }
     builder.AppendAttr(attrs.validBlockNum);
-    if (!grad) builder.AppendAttr(attrs.normEps).AppendAttr(attrs.needBackward);
+    if (op != GRAD) builder.AppendAttr(attrs.normEps).AppendAttr(attrs.needBackward);
+}
+
+// BlockAttnResPrepare: block_res [T, N, D], valid_blocks [1], pseudo_query [S, D] -> numerator [S, T, D],
+// logit_max [S, T], exp_sum [S, T]. BlockAttnResUpdate: partial_block [T, D] float32, delta [T, D] `dtype`,
+// pseudo_query [D], numerator [T, D], logit_max [T], exp_sum [T] -> partial_block [T, D], h [T, D] `dtype`.
+Tensors TwoPhaseTilingTensors(const std::string &op, int64_t T, int64_t N, int64_t D, int64_t S, ge::DataType dtype)
+{
+    Tensors t;
+    if (op == PREPARE) {
+        t.in.push_back(MakeTensor({T, N, D}, ge::DT_FLOAT));
+        t.in.push_back(MakeTensor({1}, ge::DT_UINT64));
+        t.in.push_back(MakeTensor({S, D}, ge::DT_FLOAT));
+        t.out.push_back(MakeTensor({S, T, D}, ge::DT_FLOAT));
+        t.out.push_back(MakeTensor({S, T}, ge::DT_FLOAT));
+        t.out.push_back(MakeTensor({S, T}, ge::DT_FLOAT));
+        return t;
+    }
+    t.in.push_back(MakeTensor({T, D}, ge::DT_FLOAT));
+    t.in.push_back(MakeTensor({T, D}, dtype));
+    t.in.push_back(MakeTensor({D}, ge::DT_FLOAT));
+    t.in.push_back(MakeTensor({T, D}, ge::DT_FLOAT));
+    t.in.push_back(MakeTensor({T}, ge::DT_FLOAT));
+    t.in.push_back(MakeTensor({T}, ge::DT_FLOAT));
+    t.out.push_back(MakeTensor({T, D}, ge::DT_FLOAT));
+    t.out.push_back(MakeTensor({T, D}, dtype));
+    return t;
 }
 
 Tensors TilingTensors(bool grad, int64_t T, int64_t N, int64_t H, ge::DataType dtype, bool needBackward)
@@ -307,13 +375,14 @@ std::string Hex(const uint8_t *data, size_t size)
 struct TilingCase {
     std::string op, platformName, dtypeName;
     int needBackward = 0;
-    int64_t T = 0, N = 0, H = 0;
+    int64_t T = 0, N = 0, H = 0, S = 0;
 };
 
 TilingCase ReadTilingCase(std::istringstream &args)
 {
     TilingCase c;
     args >> c.op >> c.platformName >> c.dtypeName >> c.needBackward >> c.T >> c.N >> c.H;
+    if (!(args >> c.S)) c.S = 0;  // only BlockAttnResPrepare reads S
     return c;
 }
 
@@ -325,8 +394,8 @@ void RunTilingCase(const TilingCase &c, JsonText &out)
     const int64_t T = c.T, N = c.N, H = c.H;
     const bool grad = op == GRAD;
     out.Add("\"cmd\":\"tiling\",\"op\":%s,\"platform\":%s,\"dtype\":%s,\"need_backward\":%d,"
-                "\"T\":%" PRId64 ",\"N\":%" PRId64 ",\"H\":%" PRId64,
-                Quote(op).c_str(), Quote(platformName).c_str(), Quote(dtypeName).c_str(), needBackward, T, N, H);
+                "\"T\":%" PRId64 ",\"N\":%" PRId64 ",\"H\":%" PRId64 ",\"S\":%" PRId64,
+                Quote(op).c_str(), Quote(platformName).c_str(), Quote(dtypeName).c_str(), needBackward, T, N, H, c.S);
     const Funcs *funcs = Lookup(op);
     fe::PlatFormInfos platform;
     if (funcs == nullptr || funcs->tiling == nullptr || funcs->tiling_parse == nullptr ||
@@ -334,7 +403,8 @@ void RunTilingCase(const TilingCase &c, JsonText &out)
         out.Add(",\"error\":\"op not registered or platform unavailable\"");
         return;
     }
-    Tensors tensors = TilingTensors(grad, T, N, H, ParseDtype(dtypeName), needBackward != 0);
+    Tensors tensors = IsTwoPhase(op) ? TwoPhaseTilingTensors(op, T, N, H, c.S, ParseDtype(dtypeName))
+                                     : TilingTensors(grad, T, N, H, ParseDtype(dtypeName), needBackward != 0);
     CompileInfoHolder compileInfo;
     const uint32_t parseRc =
         RunTilingParse(op, funcs, tensors.in.size(), tensors.out.size(), &platform, compileInfo);
@@ -349,7 +419,7 @@ void RunTilingCase(const TilingCase &c, JsonText &out)
     auto workspace = gert::ContinuousVector::Create<size_t>(WORKSPACE_SLOTS);
     gert::OpTilingContextBuilder builder;
     builder.OpType(op.c_str()).OpName(op.c_str()).IONum(tensors.in.size(), tensors.out.size());
-    AppendAttrs(builder, grad, attrs);
+    AppendAttrs(builder, op, attrs);
     auto holder = builder.InputTensors(Tensors::Ptrs(tensors.in))
                       .OutputTensors(Tensors::Ptrs(tensors.out))
                       .CompileInfo(compileInfo.info)
@@ -419,15 +489,18 @@ void CommandInfer(std::istringstream &args)
 {
     std::string op, attrText, tensorText;
     args >> op >> attrText;
-    const bool grad = op == GRAD;
     Attrs attrs;
     {
         std::istringstream in(attrText);
         std::string item;
         std::vector<std::string> items;
         while (std::getline(in, item, ',')) items.push_back(item);
-        attrs.validBlockNum = items.empty() ? 0 : std::strtoll(items[0].c_str(), nullptr, 10);
-        if (items.size() >= 3) {
+        if (IsTwoPhase(op)) {
+            attrs.eps = items.empty() ? 1e-6F : std::strtof(items[0].c_str(), nullptr);
+        } else {
+            attrs.validBlockNum = items.empty() ? 0 : std::strtoll(items[0].c_str(), nullptr, 10);
+        }
+        if (!IsTwoPhase(op) && items.size() >= 3) {
             attrs.normEps = std::strtof(items[1].c_str(), nullptr);
             attrs.needBackward = items[2] == "1";
         }
@@ -440,7 +513,7 @@ void CommandInfer(std::istringstream &args)
         tensors.in.push_back(MakeTensor(ParseDims(tensorText.substr(colon + 1)), dtypes.back()));
         tensors.in.back()->SetPlacement(gert::kOnHost);
     }
-    const size_t outputs = grad ? 4 : 3;
+    const size_t outputs = OutputCount(op);
     JsonLine out;
     out.Add("\"cmd\":\"infer\",\"op\":%s", Quote(op).c_str());
     const Funcs *funcs = Lookup(op);
@@ -450,7 +523,7 @@ void CommandInfer(std::istringstream &args)
     }
     gert::OpInferShapeContextBuilder shapeBuilder;
     shapeBuilder.OpType(op.c_str()).OpName(op.c_str()).IONum(tensors.in.size(), outputs);
-    AppendAttrs(shapeBuilder, grad, attrs);
+    AppendAttrs(shapeBuilder, op, attrs);
     for (size_t i = 0; i < outputs; ++i) shapeBuilder.OutputTensorDesc(i, ge::DT_FLOAT, ge::FORMAT_ND, ge::FORMAT_ND);
     auto shapeHolder = shapeBuilder.InputTensors(Tensors::Ptrs(tensors.in)).Build();
     gert::InferShapeContext *shapeCtx = shapeHolder.GetContext();
@@ -461,7 +534,7 @@ void CommandInfer(std::istringstream &args)
     }
     gert::OpInferDataTypeContextBuilder dtypeBuilder;
     dtypeBuilder.OpType(op.c_str()).OpName(op.c_str()).IONum(tensors.in.size(), outputs);
-    AppendAttrs(dtypeBuilder, grad, attrs);
+    AppendAttrs(dtypeBuilder, op, attrs);
     for (size_t i = 0; i < dtypes.size(); ++i) dtypeBuilder.InputTensorDesc(i, dtypes[i], ge::FORMAT_ND, ge::FORMAT_ND);
     for (size_t i = 0; i < outputs; ++i) dtypeBuilder.OutputTensorDesc(i, ge::FORMAT_ND, ge::FORMAT_ND);
     auto dtypeHolder = dtypeBuilder.Build();

@@ -25,6 +25,7 @@ const char *DtypeName(ge::DataType dtype)
         case ge::DT_FLOAT: return "float32";
         case ge::DT_FLOAT16: return "float16";
         case ge::DT_BF16: return "bfloat16";
+        case ge::DT_UINT64: return "uint64";
         default: return "other";
     }
 }
@@ -62,7 +63,12 @@ std::string ParamsJson(std::vector<ops::OpParamDef> &params)
                ",\"dtypes\":" + JsonList(p.GetDataTypes(), [](ge::DataType d) { return Quote(DtypeName(d)); }) +
                ",\"formats\":" + JsonList(p.GetFormats(), [](ge::Format f) { return Quote(FormatName(f)); }) +
                ",\"unknown_shape_formats\":" +
-               JsonList(p.GetUnknownShapeFormats(), [](ge::Format f) { return Quote(FormatName(f)); }) + "}";
+               JsonList(p.GetUnknownShapeFormats(), [](ge::Format f) { return Quote(FormatName(f)); }) +
+               ",\"format_list\":" + (p.IsFormatList() ? "true" : "false") +
+               ",\"formats_list\":" +
+               JsonList(p.GetFormatsList(), [](ge::Format f) { return Quote(FormatName(f)); }) +
+               ",\"auto_contiguous\":" + (p.GetAutoContiguous() ? "true" : "false") +
+               ",\"ignore_contiguous\":" + (p.GetIgnoreContiguous() ? "true" : "false") + "}";
     }
     return out + "]";
 }
