@@ -104,6 +104,12 @@ def drivers() -> Drivers:
     return Drivers(REPO / "build" / "cann-host" / "bin")
 
 
+@pytest.fixture(scope="session")
+def cann_kit(drivers) -> Path:
+    """The CANN source kit the drivers were built against."""
+    return _kit_dir()
+
+
 def pytest_terminal_summary(terminalreporter):
     if not COUNTS:
         return
