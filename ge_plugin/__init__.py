@@ -4,7 +4,12 @@
 Importing it defines torch.ops.attnres.<op> for every op of the registry.
 """
 
-from attnres_ge.ge_plugin import block_attention_residuals, block_attention_residuals_grad  # noqa: F401  (define the torch ops)
+from attnres_ge.ge_plugin import (  # noqa: F401  (define the torch ops)
+    block_attention_residuals,
+    block_attention_residuals_grad,
+    block_attn_res_prepare,
+    block_attn_res_update,
+)
 from attnres_ge.ge_plugin.backend import ge_backend, register_dynamo_backend
 from attnres_ge.ge_plugin.converters import register_torchair_converters
 from attnres_ge.ge_plugin.npu import register_npu_kernels

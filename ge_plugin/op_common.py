@@ -26,6 +26,7 @@ from attnres_ge.op_kernel import KERNELS, OpKernel
 from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, default_runtime
 from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
+from attnres_ge.op_proto.op_def import Checker
 
 LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -54,10 +55,64 @@ def run_eager(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> 
     return _launch(op, tensors, attrs)[0]
 
 
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes of its storage that `tensor` may touch; (0, 0) for an empty tensor."""
+    if tensor.numel() == 0:
+        return 0, 0
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    first = tensor.storage_offset() * tensor.element_size()
+    return first, first + extent * tensor.element_size()
+
+
+def _overlap(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether two tensors may share memory (the same storage, intersecting byte ranges)."""
+    if first.untyped_storage()._cdata != second.untyped_storage()._cdata:
+        return False
+    (a0, a1), (b0, b1) = _byte_span(first), _byte_span(second)
+    return a0 < b1 and b0 < a1
+
+
+def check_references_not_aliased(proto: OpPrototype, tensors: Sequence[torch.Tensor], where: str) -> None:
+    """An input the op updates in place (a reference output) must share no memory with another input:
+    the kernel would read values it has already overwritten."""
+    names = proto.input_names()
+    checker = Checker(proto.op_type, where)
+    for reference in proto.reference_outputs():
+        updated = tensors[names.index(reference)]
+        for name, other in zip(names, tensors, strict=True):
+            if name != reference and isinstance(other, torch.Tensor) and _overlap(updated, other):
+                checker.fail(f"{reference} is updated in place and must not share memory with {name}, but both "
+                             f"view one storage ({reference} {list(updated.shape)}, {name} {list(other.shape)})")
+
+
+def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
+    """run_eager for an op with reference outputs: each is written into its own input tensor (through a
+    contiguous copy, then copied back, when that input is not contiguous); returns the other outputs."""
+    proto = op.prototype
+    runtime = default_runtime()
+    plan = runtime.plan(op, tensors, attrs, WHERE_EAGER)  # first: it names what is not a tensor
+    check_references_not_aliased(proto, tensors, WHERE_EAGER)
+    inputs = [tensor.contiguous() for tensor in tensors]
+    names = proto.input_names()
+    outputs = [inputs[names.index(arg.name)] if proto.is_reference_output(arg.name) else
+               _empty_output(meta.shape, meta.dtype) for arg, meta in zip(proto.outputs, plan.outputs, strict=True)]
+    runtime.run_kernel(plan, inputs, outputs)
+    for name in proto.reference_outputs():
+        index = names.index(name)
+        if inputs[index] is not tensors[index]:
+            tensors[index].copy_(inputs[index])
+    return tuple(out for arg, out in zip(proto.outputs, outputs, strict=True)
+                 if not proto.is_reference_output(arg.name))
+
+
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
-    """The same validation as eager; empty outputs of the inferred shapes and dtypes."""
-    _, out_metas = proto.check(proto.input_metas(tensors, WHERE_FAKE), attrs, WHERE_FAKE)
-    return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype) for meta in out_metas)
+    """The same validation as eager; empty outputs of the inferred shapes and dtypes. A reference output
+    (an input updated in place) is no new tensor: it is left out, as the torch op returns only the others."""
+    metas = proto.input_metas(tensors, WHERE_FAKE)
+    check_references_not_aliased(proto, tensors, WHERE_FAKE)
+    _, out_metas = proto.check(metas, attrs, WHERE_FAKE)
+    return tuple(tensors[0].new_empty(meta.shape, dtype=meta.dtype)
+                 for arg, meta in zip(proto.outputs, out_metas, strict=True) if not proto.is_reference_output(arg.name))
 
 
 def _first_call(op_name: str, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
@@ -80,11 +135,12 @@ CPP_ENTRY = _install_cpp_entry()
 
 def define_op(op: TorchOp, schema: str, fake: Callable, python_cpu: Callable) -> None:
     """Define torch.ops.attnres.<op.name> with `schema`, its fake implementation and its CPU kernel:
-    the C++ entry's where it is built, else `python_cpu`, which calls run_eager."""
+    the C++ entry's where it is built, else `python_cpu`, which calls run_eager. An op with a reference
+    output always takes `python_cpu` (run_eager_in_place): the C++ entry makes fresh outputs only."""
     LIBRARY.define(op.name + schema)
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
     _eager_ops[op.name] = op.kernel
-    if CPP_ENTRY:
+    if CPP_ENTRY and not op.prototype.reference_outputs():
         cpp_entry.MODULE.register_eager(op.name)
     else:
         LIBRARY.impl(op.name, python_cpu, "CPU")
@@ -97,4 +153,13 @@ def forget_cached_launches() -> None:
         cpp_entry.MODULE.forget()
 
 
-__all__ = ["CPP_ENTRY", "LIBRARY", "define_op", "fake_outputs", "forget_cached_launches", "run_eager"]
+__all__ = [
+    "CPP_ENTRY",
+    "LIBRARY",
+    "check_references_not_aliased",
+    "define_op",
+    "fake_outputs",
+    "forget_cached_launches",
+    "run_eager",
+    "run_eager_in_place",
+]

@@ -12,10 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from attnres_ge.ge_plugin import block_attention_residuals_converter, block_attention_residuals_grad_converter
+from attnres_ge.ge_plugin import (
+    block_attention_residuals_converter,
+    block_attention_residuals_grad_converter,
+    block_attn_res_prepare_converter,
+    block_attn_res_update_converter,
+)
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
+from attnres_ge.op_kernel.block_attn_res_prepare import KERNEL as PREPARE_KERNEL
+from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
 from attnres_ge.op_proto import OpPrototype
 
 NAMESPACE = "attnres"  # the torch ops are torch.ops.attnres.<name>
@@ -46,6 +53,11 @@ BLOCK_ATTENTION_RESIDUALS = TorchOp(FORWARD_KERNEL, "block_attention_residuals",
 BLOCK_ATTENTION_RESIDUALS_GRAD = TorchOp(BACKWARD_KERNEL, "block_attention_residuals_backward",
                                          block_attention_residuals_grad_converter)
 
+# The two-phase pair (CANN's names: cann_ops_transformer.block_attn_res_prepare / _update).
+BLOCK_ATTN_RES_PREPARE = TorchOp(PREPARE_KERNEL, "block_attn_res_prepare", block_attn_res_prepare_converter)
+BLOCK_ATTN_RES_UPDATE = TorchOp(UPDATE_KERNEL, "block_attn_res_update", block_attn_res_update_converter)
+
+# The two-phase pair joins OPS (converters, NPU dispatch, export-proto) with its C++ registrations.
 OPS: tuple[TorchOp, ...] = (BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD)
 
 

@@ -75,7 +75,7 @@ def kernel(op: OpKernel, implementation: str) -> Callable[..., None]:
     """`op`'s kernel in `implementation` ("native" or "python"): called as
     `kernel(*inputs, *outputs, workspace, tiling_record)`; the native one checks every tensor."""
     _require(implementation)
-    return op.python if implementation == "python" else _native_module.checked_kernel(op)
+    return op.python if implementation == "python" or not op.has_native else _native_module.checked_kernel(op)
 
 
 def _choose(requested: str) -> str:
@@ -128,7 +128,7 @@ class _Kernels:
         """(implementation, `launch(inputs, outputs, workspace)`) for tensors that match `tiling` and `dtype`:
         contiguous inputs of the shapes it was made for, outputs and workspace of the planned sizes."""
         implementation = self.implementation
-        if implementation == "python":
+        if implementation == "python" or not op.has_native:  # an op with no native kernel runs its Python one
             return implementation, _python_launch(op, tiling)
         return implementation, _native_module.Launch(op.op_type, tiling, dtype)
 

@@ -13,10 +13,12 @@ from attnres_ge.op_proto import OpPrototype
 class OpKernel:
     """One op's kernels: its host side (prototype, tiling) and its Python kernel, the oracle, called as
     `python(*inputs, *outputs, workspace, tiling_record)`. Its native kernel is the one the native
-    module registers under the same op type (op_kernel/csrc/native_ops.h)."""
+    module registers under the same op type (op_kernel/csrc/native_ops.h); an op without one
+    (`has_native` false) runs its Python kernel whichever implementation is in use."""
 
     tiling: OpTiling
     python: Callable[..., None]
+    has_native: bool = True
 
     @property
     def op_type(self) -> str:

@@ -146,3 +146,70 @@ def max_violation(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     error = (actual - expected).abs()
     scale = expected.abs().max() if whole_tensor else expected.abs()
     return error.max().item(), (error - (atol + rtol * scale + extra)).max().item()
+
+
+# ---------------------------------------------------------------------------------------- the two-phase ops
+
+# logit_max of the empty state (no sealed snapshot): the lowest finite float32, so that the update's
+# alpha = exp(logit_max - m) is 0 without an infinity in the arithmetic.
+LOWEST_FLOAT32 = -3.4028234663852886e38
+
+
+def valid_count(valid_blocks: torch.Tensor, blocks: int) -> int:
+    """Nv = min(valid_blocks[0], N): the sealed snapshots prepare reads (valid_blocks [1] uint64)."""
+    return min(int(valid_blocks.reshape(-1)[0].item()), blocks)
+
+
+def prepare_math(block_res, valid: int, pseudo_query, eps: float, dtype: torch.dtype):
+    """BlockAttnResPrepare's formulas (docs/contract.md) on the first `valid` snapshots, in differentiable
+    torch ops computed in `dtype`: (numerator [S, T, D], logit_max [S, T], exp_sum [S, T])."""
+    tokens, _, hidden = block_res.shape
+    queries = pseudo_query.shape[0]
+    if valid == 0:  # the empty state
+        return (block_res.new_zeros((queries, tokens, hidden), dtype=dtype),
+                block_res.new_full((queries, tokens), LOWEST_FLOAT32, dtype=dtype),
+                block_res.new_zeros((queries, tokens), dtype=dtype))
+    rows = block_res[:, :valid].to(dtype)  # [T, Nv, D]
+    norm = torch.sqrt(rows.pow(2).mean(dim=-1) + eps)  # [T, Nv]
+    logits = torch.einsum("sd,tnd->stn", pseudo_query.to(dtype), rows) / norm  # [S, T, Nv]
+    logit_max = logits.amax(dim=-1)
+    weights = torch.exp(logits - logit_max.unsqueeze(-1))
+    return torch.einsum("stn,tnd->std", weights, rows), logit_max, weights.sum(dim=-1)
+
+
+def update_math(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, eps: float, dtype: torch.dtype):
+    """BlockAttnResUpdate's formulas (docs/contract.md) in torch ops computed in `dtype`:
+    (p = partial_block + delta [T, D], the value stored back into partial_block; h [T, D])."""
+    p = partial_block.to(dtype) + delta.to(dtype)
+    columns = max(p.shape[-1], 1)  # D = 0: no column, so nothing to normalise (and no 0 / 0)
+    norm = torch.sqrt(p.pow(2).sum(dim=-1) / columns + eps)  # [T]
+    score = (p * pseudo_query.to(dtype)).sum(dim=-1) / norm
+    prior = logit_max.to(dtype)
+    top = torch.maximum(prior, score)
+    alpha, beta = torch.exp(prior - top), torch.exp(score - top)  # [T]
+    mixed = numerator.to(dtype) * alpha.unsqueeze(-1) + p * beta.unsqueeze(-1)
+    return p, mixed / (exp_sum.to(dtype) * alpha + beta).unsqueeze(-1)
+
+
+def block_attn_res_prepare_reference(
+    block_res: torch.Tensor,  # [T, N, D]
+    valid_blocks: torch.Tensor,  # [1] uint64
+    pseudo_query: torch.Tensor,  # [S, D]
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(numerator [S, T, D], logit_max [S, T], exp_sum [S, T]), all float64."""
+    valid = valid_count(valid_blocks, block_res.shape[1])
+    return prepare_math(block_res, valid, pseudo_query, eps, torch.float64)
+
+
+def block_attn_res_update_reference(
+    partial_block: torch.Tensor,  # [T, D]
+    delta: torch.Tensor,  # [T, D]
+    pseudo_query: torch.Tensor,  # [D]
+    numerator: torch.Tensor,  # [T, D]
+    logit_max: torch.Tensor,  # [T]
+    exp_sum: torch.Tensor,  # [T]
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the updated partial_block [T, D], h [T, D]), both float64; `partial_block` itself is not changed."""
+    return update_math(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, eps, torch.float64)

@@ -35,6 +35,7 @@ KIT = REPO_ROOT / os.environ.get("CANN_SRC", "../shared/cann-src")
 INPUTS_SCRIPT = REPO_ROOT / "cann_package" / "cmake" / "attnres_inputs.cmake"
 SOURCE_LIST = REPO_ROOT / "op_host" / "cann_sources.txt"
 UPSTREAM_OPS = Path("upstream") / "ops-transformer" / "mhc"
+UPSTREAM_TWO_PHASE_OPS = Path("upstream") / "two-phase" / "attention"  # BlockAttnResPrepare / Update
 GETTER_TYPES = {"Int": "int64_t", "Float": "float", "Bool": "bool"}  # GE's OpInt, OpFloat, OpBool
 
 
@@ -130,10 +131,12 @@ def test_grad_header_equals_upstream_prototype(exported, kit):
 
 
 OPDEF_TENSOR = re.compile(
-    r'this->(Input|Output)\("(\w+)"\)\s*\.ParamType\((\w+)\)\s*\.DataType\(\{([^}]*)\}\)\s*\.Format\(\{([^}]*)\}\)'
+    r'this->(Input|Output)\("(\w+)"\)\s*\.ParamType\((\w+)\)\s*\.DataType\(\{([^}]*)\}\)\s*\.(Format|FormatList)\(\{([^}]*)\}\)'
 )
 OPDEF_ATTR = re.compile(r'this->Attr\("(\w+)"\)\s*\.AttrType\((\w+)\)\s*\.(\w+)\(([^)]*)\)')
-OPDEF_DTYPES = {"ge::DT_BF16": "bfloat16", "ge::DT_FLOAT16": "float16", "ge::DT_FLOAT": "float"}
+OPDEF_DTYPES = {"ge::DT_BF16": "bfloat16", "ge::DT_FLOAT16": "float16", "ge::DT_FLOAT": "float",
+                "ge::DT_UINT64": "uint64"}
+OPDEF_CONSTANT = re.compile(r"constexpr\s+\w+\s+(\w+)\s*=\s*([^;]+);")  # a default may be named (DEFAULT_EPS)
 
 
 def parse_opdef(text: str) -> dict:
@@ -143,11 +146,16 @@ def parse_opdef(text: str) -> dict:
         return [item.strip() for item in text.split(",")]
 
     parsed = {"Input": [], "Output": [], "attr": []}
-    for role, name, presence, dtypes, formats in OPDEF_TENSOR.findall(text):
-        parsed[role].append({"name": name, "param_type": presence.lower(),
-                             "format": [f.removeprefix("ge::FORMAT_") for f in listed(formats)],
+    for role, name, presence, dtypes, format_call, formats in OPDEF_TENSOR.findall(text):
+        formats = [f.removeprefix("ge::FORMAT_") for f in listed(formats)]
+        if format_call == "FormatList":  # every format with every dtype: one format, one column per dtype
+            assert len(formats) == 1, f"{name}: FormatList of {len(formats)} formats is not parsed here"
+            formats = formats * len(listed(dtypes))
+        parsed[role].append({"name": name, "param_type": presence.lower(), "format": formats,
                              "type": [OPDEF_DTYPES[d] for d in listed(dtypes)]})
+    constants = dict(OPDEF_CONSTANT.findall(text))
     for name, presence, kind, default in OPDEF_ATTR.findall(text):
+        default = constants.get(default.strip(), default)
         parsed["attr"].append((name, presence.lower(), kind.lower(), default_value(kind.lower(), default)))
     return parsed
 
@@ -161,7 +169,8 @@ def default_value(kind: str, text: str):
 @pytest.mark.parametrize("op_type", sorted(PROTOTYPES))
 def test_msopgen_json_equals_upstream_opdef(kit, op_type):
     stem = op_stem(op_type)
-    upstream = parse_opdef((kit / UPSTREAM_OPS / stem / "op_host" / f"{stem}_def.cpp").read_text())
+    folder = UPSTREAM_TWO_PHASE_OPS if stem.startswith("block_attn_res_") else UPSTREAM_OPS
+    upstream = parse_opdef((kit / folder / stem / "op_host" / f"{stem}_def.cpp").read_text())
     ours = msopgen_op(PROTOTYPES[op_type])
     assert ours["input_desc"] == upstream["Input"]
     assert ours["output_desc"] == upstream["Output"]

@@ -79,6 +79,13 @@ SCRIPT = textwrap.dedent(
     assert torch.ops.aten.clone.default in targets(forward), forward.graph
     assert not [t for t in targets(forward) if "auto_functionalized" in str(t)], forward.graph
 
+    # the first auto_functionalized (no view records): the same rewrite
+    import torch._inductor.config as inductor_config
+    inductor_config.enable_auto_functionalized_v2 = False
+    backend = eager_vs_graph("training-v1", lambda x, y: (op(x[1:], y[1:], 2.0) * w[1:]).sum(), lambda: (x0.clone(), y))
+    assert not [t for t in targets(backend.fx_graphs[0]) if "auto_functionalized" in str(t)], backend.fx_graphs[0].graph
+    inductor_config.enable_auto_functionalized_v2 = True
+
     def strided():  # a caller's tensor that is not contiguous: updated through a contiguous copy
         return (x0.repeat(1, 2)[:, ::2],)
 

@@ -20,13 +20,15 @@ from attnres_ge.op_host.tiling_base import TilingRecord
 native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
 
 
-def test_every_registered_op_has_a_torch_op_a_converter_and_a_native_kernel():
+def test_every_registered_op_has_a_torch_op_a_converter_and_the_native_kernel_it_declares():
     converters = local_converters()
-    assert set(native._native.record_layouts()) == {op.op_type for op in OPS}
+    # The two-phase ops have Python kernels only so far (OpKernel.has_native false).
+    assert set(native._native.record_layouts()) == {op.op_type for op in OPS if op.kernel.has_native}
     for op in OPS:
         overload = getattr(torch.ops.attnres, op.name).default
         assert overload in converters, f"{op.name} has no converter"
-        assert native._native.record_layouts()[op.op_type] == op.kernel.tiling.record.field_layout()
+        if op.kernel.has_native:
+            assert native._native.record_layouts()[op.op_type] == op.kernel.tiling.record.field_layout()
 
 
 def test_unknown_op_type_names_the_known_ones():
