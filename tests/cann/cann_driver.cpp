@@ -12,15 +12,15 @@
 //   * InferShape / InferDataType through their context builders.
 //
 // Commands (stdin, one per line; '#' starts a comment):
-//   tiling <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S>]
-//   threads <count> <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S>]   (the case from <count> threads)
+//   tiling <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S> [<eps>]]
+//   threads <count> <op> <platform> <dtype> <need_backward 0|1> <T> <N> <H> [<S> [<eps>]]   (from <count> threads)
 //   infer <op> <attrs> <dtype>:<dims> ...     attrs: grad "valid_block_num", forward
 //                                              "valid_block_num,norm_eps,need_backward", prepare/update "eps";
 //                                              dims "4,2,8", "-2", "s"
 //   opdef
 // The two-phase ops read the tiling case as: BlockAttnResPrepare block_res [T, N, H] float32, valid_blocks [1]
 // uint64, pseudo_query [S, H] (dtype and need_backward ignored); BlockAttnResUpdate partial_block [T, H] (N, S and
-// need_backward ignored; dtype is delta's). H is their D.
+// need_backward ignored; dtype is delta's). H is their D; eps (default 1e-6) their attribute.
 // Platforms: cold (PlatFormInfos::Init only), late (cold at TilingParse, filled as hand910b2 before Tiling),
 // late950 (the same, filled as hand950cube), ini910b2 / ini950 (fe::PlatformInfoManager reading Ascend910B2.ini /
 // Ascend950PR_9579.ini; the manager caches one platform per device, so one driver run uses one of them),
@@ -376,6 +376,7 @@ struct TilingCase {
     std::string op, platformName, dtypeName;
     int needBackward = 0;
     int64_t T = 0, N = 0, H = 0, S = 0;
+    float eps = 1e-6F;
 };
 
 TilingCase ReadTilingCase(std::istringstream &args)
@@ -383,6 +384,8 @@ TilingCase ReadTilingCase(std::istringstream &args)
     TilingCase c;
     args >> c.op >> c.platformName >> c.dtypeName >> c.needBackward >> c.T >> c.N >> c.H;
     if (!(args >> c.S)) c.S = 0;  // only BlockAttnResPrepare reads S
+    std::string eps;
+    if (args >> eps) c.eps = std::strtof(eps.c_str(), nullptr);  // "inf" and "nan" too
     return c;
 }
 
@@ -416,6 +419,7 @@ void RunTilingCase(const TilingCase &c, JsonText &out)
     Attrs attrs;
     attrs.validBlockNum = grad ? 0 : -1;
     attrs.needBackward = needBackward != 0;
+    attrs.eps = c.eps;
     auto workspace = gert::ContinuousVector::Create<size_t>(WORKSPACE_SLOTS);
     gert::OpTilingContextBuilder builder;
     builder.OpType(op.c_str()).OpName(op.c_str()).IONum(tensors.in.size(), tensors.out.size());

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 import subprocess
 
 import pytest
@@ -180,6 +181,23 @@ def test_prepare_tiling_pinned_to_the_kit(drivers, which):
             key, block_dim, workspace, size), line
 
 
+def test_prepare_tiling_carries_eps_and_rejects_a_bad_one_like_upstream(drivers):
+    """eps lands in both records as the float32 GE stores; 0, negative, inf and nan are refused on both sides."""
+    epsilons = ("1e-06", "0.5", "1e-30", "0", "-1", "inf", "nan")
+    commands = [f"tiling {PREPARE} ini950 float32 0 {t} {n} {d} {s} {eps}" for eps in epsilons
+                for (t, n, s, d) in ((4, 4, 1, 128), (64, 8, 16, 2048))]
+    ours, upstream = drivers.run("ours", commands), drivers.run("upstream", commands)
+    assert [comparable(o) for o in ours.lines] == [comparable(u) for u in upstream.lines]
+    accepted = len(commands) * 3 // len(epsilons)  # the first three epsilons are valid
+    for command, line in zip(commands[:accepted], ours.lines[:accepted], strict=True):
+        data = bytes.fromhex(line["data"])
+        offset = 32 if len(data) == 48 else 120  # eps in the vector / mix record
+        as_float32 = struct.unpack("<f", struct.pack("<f", float(command.split()[-1])))[0]
+        assert struct.unpack_from("<f", data, offset)[0] == as_float32, line
+    assert all(line["rc"] == FAILED for line in ours.lines[accepted:])
+    assert f"OpName:[{PREPARE}] [Tiling] attribute eps must be finite and > 0 (as float32), got 0" in ours.output
+
+
 def test_prepare_tiling_rejects_other_archs_like_upstream(drivers):
     """CANN has this op's kernels for ascend950 only; a filled 910B platform is refused on both sides."""
     commands = prepare_commands("hand910b2", [(64, 8, 16, 2048), (4, 4, 1, 128)])
@@ -286,11 +304,11 @@ def tensors(op, **dims):
 
 
 def valid_dims(op):
-    """Concrete shapes inside our limits (CANN's InferShape accepts them all)."""
+    """Concrete shapes inside our limits (CANN's InferShape accepts them all): every T, N, S, D edge combined."""
     if op == PREPARE:
-        return [dict(T=t, N=n, S=s, D=d) for t, n, s, d in
-                [(4, 2, 3, 8), (0, 1, 1, 1), (1, 64, 2, 8192), (7, 5, 0, 65), (4096, 8, 8, 2048), (3, 17, 129, 1000)]]
-    return [dict(T=t, D=d) for t, d in [(4, 8), (0, 16), (1, 8192), (5, 0), (4096, 2048), (3, 7168)]]
+        return [dict(T=t, N=n, S=s, D=d) for t in (0, 1, 5, 4096) for n in (1, 7, 64) for s in (0, 1, 129)
+                for d in (1, 100, 8192)]
+    return [dict(T=t, D=d) for t in (0, 1, 7, 4096) for d in (0, 1, 100, 8192)]
 
 
 def infer_rows(op):
