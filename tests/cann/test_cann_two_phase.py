@@ -164,7 +164,7 @@ def test_prepare_without_cube_sizes_upstream_parse_fails_ours_tiles_vector(drive
     assert all(comparable(o) == comparable(u) for o, u in vector)
     assert all(o["key"] == KEY_VECTOR for o in ours if o.get("rc") == 0)
     assert len(vector) < len(cases), "some shapes take the mix template on the full platform"
-    count(f"hand950 {PREPARE}: vector cases equal to upstream's on the full platform", len(vector))
+    count(f"hand950 {PREPARE}: vector or rejected cases equal to upstream's on the full platform", len(vector))
 
 
 # Pinned from upstream/two-phase/README.md and its driver (CANN's code on Ascend950PR_9579.ini): guards the
