@@ -57,8 +57,8 @@ BLOCK_ATTENTION_RESIDUALS_GRAD = TorchOp(BACKWARD_KERNEL, "block_attention_resid
 BLOCK_ATTN_RES_PREPARE = TorchOp(PREPARE_KERNEL, "block_attn_res_prepare", block_attn_res_prepare_converter)
 BLOCK_ATTN_RES_UPDATE = TorchOp(UPDATE_KERNEL, "block_attn_res_update", block_attn_res_update_converter)
 
-# The two-phase pair joins OPS (converters, NPU dispatch, export-proto) with its C++ registrations.
-OPS: tuple[TorchOp, ...] = (BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD)
+OPS: tuple[TorchOp, ...] = (BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD, BLOCK_ATTN_RES_PREPARE,
+                            BLOCK_ATTN_RES_UPDATE)
 
 
 def op_for_type(op_type: str) -> TorchOp:

@@ -119,7 +119,9 @@ def test_backward_declaration_follows_spec():
 def test_cli_export_proto(tmp_path, capsys):
     assert main(["export-proto", "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [JSON_NAME, "block_attention_residuals_grad_proto.h",
-                                                          "block_attention_residuals_proto.h"]
+                                                          "block_attention_residuals_proto.h",
+                                                          "block_attn_res_prepare_proto.h",
+                                                          "block_attn_res_update_proto.h"]
     assert "wrote" in capsys.readouterr().out
 
 
