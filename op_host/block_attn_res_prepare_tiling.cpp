@@ -32,6 +32,9 @@ namespace {
 using namespace attnres_ge::block_attn_res_prepare_io;
 
 constexpr int32_t NPU_ARCH_ASCEND950 = 3510;  // the only arch CANN ships this op's kernels for
+constexpr size_t BLOCK_RES_RANK = 3;           // [T, N, D]
+constexpr size_t PSEUDO_QUERY_RANK = 2;        // [S, D]
+constexpr size_t VALID_BLOCKS_RANK = 1;        // [1]
 constexpr uint64_t FP32_BYTES = sizeof(float);
 constexpr uint64_t UINT32_LIMIT = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t UINT16_LIMIT = std::numeric_limits<uint16_t>::max();
@@ -127,7 +130,8 @@ ge::graphStatus ReadShapes(gert::TilingContext *ctx, PrepareShape &s)
     const gert::Shape &blockRes = blockResShape->GetOriginShape();
     const gert::Shape &valid = validShape->GetOriginShape();
     const gert::Shape &query = queryShape->GetOriginShape();
-    if (blockRes.GetDimNum() != 3 || query.GetDimNum() != 2 || valid.GetDimNum() != 1 ||
+    if (blockRes.GetDimNum() != BLOCK_RES_RANK || query.GetDimNum() != PSEUDO_QUERY_RANK ||
+        valid.GetDimNum() != VALID_BLOCKS_RANK ||
         valid.GetDim(0) != VALID_BLOCKS_LEN) {
         OP_LOGE(OP_TYPE, "[Tiling] need block_res [T, N, D], valid_blocks [1], pseudo_query [S, D]; got ranks %zu, "
                 "%zu (first dim %ld), %zu", blockRes.GetDimNum(), valid.GetDimNum(),
