@@ -143,3 +143,27 @@ def test_cann_op_runs_in_graph_mode_bit_identical(cann_forward_op):
     node = graph.op[-2]
     assert node.type == "BlockAttentionResiduals"
     assert node.attr["need_backward"].b is True and node.attr["valid_block_num"].i == -1
+
+
+def test_two_phase_converters_register_and_emit_through_torchair_ge(fake_torchair):
+    prepare_op = torch.ops.attnres.block_attn_res_prepare.default
+    update_op = torch.ops.attnres.block_attn_res_update.default
+    converters.register_torchair_converters()
+    assert fake_torchair.registered[prepare_op].__name__ == "convert_block_attn_res_prepare"
+    assert fake_torchair.registered[update_op].__name__ == "convert_block_attn_res_update"
+
+    states = fake_torchair.registered[prepare_op]("b", "v", "q", eps=1e-5, meta_outputs=None)
+    h = fake_torchair.registered[update_op]("p", "d", "q", "n", "m", "e", meta_outputs=None)
+    prepare_call, update_call = fake_torchair.ge.calls
+    assert prepare_call["op_type"] == "BlockAttnResPrepare"
+    assert list(prepare_call["inputs"].items()) == [("block_res", "b"), ("valid_blocks", "v"), ("pseudo_query", "q")]
+    assert prepare_call["outputs"] == ["numerator", "logit_max", "exp_sum"]
+    assert prepare_call["attrs"] == {"eps": ge_attr.Float(1e-5)}
+    assert states == ("BlockAttnResPrepare:0", "BlockAttnResPrepare:1", "BlockAttnResPrepare:2")
+    assert update_call["op_type"] == "BlockAttnResUpdate"
+    assert list(update_call["inputs"].items()) == [("partial_block", "p"), ("delta", "d"), ("pseudo_query", "q"),
+                                                   ("numerator", "n"), ("logit_max", "m"), ("exp_sum", "e")]
+    # partial_block is also the first output (the reference tensor); the converter returns h, as the torch op does
+    assert update_call["outputs"] == ["partial_block", "h"]
+    assert update_call["attrs"] == {"eps": ge_attr.Float(1e-6)}
+    assert h == "BlockAttnResUpdate:1"
