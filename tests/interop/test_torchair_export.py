@@ -17,11 +17,11 @@ from interop_helpers import DTYPE_IDS, attr_kinds, compile_and_capture, make_inp
 from torchair._ge_concrete_graph.ge_ir_pb2 import DataType as ProtoDataType
 
 from attnres_ge.ge_plugin.ops import OPS
-from attnres_ge.op_proto import BACKWARD, FORWARD
+from attnres_ge.op_proto import BACKWARD, FORWARD, PREPARE, UPDATE
 from attnres_ge.op_proto.export import export_prototypes
 
 T, N, H = 4, 2, 8
-MSOPGEN_DTYPES = {"DT_FLOAT": "float", "DT_FLOAT16": "float16", "DT_BF16": "bfloat16"}
+MSOPGEN_DTYPES = {"DT_FLOAT": "float", "DT_FLOAT16": "float16", "DT_BF16": "bfloat16", "DT_UINT64": "uint64"}
 KINDS_OF_VT = {vt: kind for kind, vt in torchair_standin.VALUE_TYPES.items()}
 MSOPGEN_ATTR_KINDS = {"int": "Int", "float": "Float", "bool": "Bool", "str": "Str"}
 REG_OP_BLOCK = re.compile(r"REG_OP\((\w+)\)(.*?)\.OP_END_FACTORY_REG\(\1\)", re.S)
@@ -86,15 +86,40 @@ def torchair_nodes(request):
     return {FORWARD.op_type: only_op(forward, FORWARD.op_type), BACKWARD.op_type: only_op(backward, BACKWARD.op_type)}
 
 
+@pytest.fixture(scope="module")
+def two_phase_nodes():
+    """op type -> the node torchair built for the two-phase ops (meta inputs: CANN's dtypes, bf16 delta)."""
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    prepare = compile_and_capture(lambda *a: torch.ops.attnres.block_attn_res_prepare(*a),
+                                  meta(T, N, H), meta(1, dtype=torch.uint64), meta(3, H)).graphs[0]
+    update = compile_and_capture(lambda *a: torch.ops.attnres.block_attn_res_update(*a),
+                                 meta(T, H), meta(T, H, dtype=torch.bfloat16), meta(H), meta(T, H), meta(T),
+                                 meta(T)).graphs[0]
+    return {PREPARE.op_type: only_op(prepare, PREPARE.op_type), UPDATE.op_type: only_op(update, UPDATE.op_type)}
+
+
 @pytest.mark.parametrize("source", ["REG_OP header", "msopgen JSON"])
 def test_exported_ops_are_exactly_ours(exported, source):
-    assert list(exported[source]) == [FORWARD.op_type, BACKWARD.op_type]
+    assert list(exported[source]) == [FORWARD.op_type, BACKWARD.op_type, PREPARE.op_type, UPDATE.op_type]
+    assert list(exported[source]) == [op.op_type for op in OPS]
 
 
 @pytest.mark.parametrize("source", ["REG_OP header", "msopgen JSON"])
 @pytest.mark.parametrize("op_type", [FORWARD.op_type, BACKWARD.op_type])
 def test_export_describes_the_node_torchair_built(exported, torchair_nodes, source, op_type):
-    declared, node = exported[source][op_type], seen_by_torchair(torchair_nodes[op_type])
+    assert_export_describes(exported[source][op_type], seen_by_torchair(torchair_nodes[op_type]), source, op_type)
+
+
+@pytest.mark.parametrize("source", ["REG_OP header", "msopgen JSON"])
+@pytest.mark.parametrize("op_type", [PREPARE.op_type, UPDATE.op_type])
+def test_export_describes_the_two_phase_node_torchair_built(exported, two_phase_nodes, source, op_type):
+    """For BlockAttnResUpdate, partial_block is declared as an input and an output (its reference output)."""
+    assert_export_describes(exported[source][op_type], seen_by_torchair(two_phase_nodes[op_type]), source, op_type)
+
+
+def assert_export_describes(declared, node, source, op_type):
     for part in ("inputs", "outputs"):
         assert [name for name, _ in declared[part]] == [name for name, _ in node[part]], f"{source} {op_type} {part}"
         for (name, dtypes), (_, dtype) in zip(declared[part], node[part], strict=True):
@@ -103,7 +128,7 @@ def test_export_describes_the_node_torchair_built(exported, torchair_nodes, sour
 
 
 @pytest.mark.parametrize("source", ["REG_OP header", "msopgen JSON"])
-@pytest.mark.parametrize("op_type", [FORWARD.op_type, BACKWARD.op_type])
+@pytest.mark.parametrize("op_type", [FORWARD.op_type, BACKWARD.op_type, PREPARE.op_type, UPDATE.op_type])
 def test_export_orders_as_torchair_was_told(exported, source, op_type):
     """The positional custom_op and the automatic converter map arguments in this order."""
     status, inputs, outputs, attrs = torchair_standin.get_registered_ir_def(op_type)

@@ -46,7 +46,8 @@ def test_graph_with_other_ops_is_only_captured():
         result.value()
     assert str(caught.value).splitlines()[0] == (  # torchair appends its own trace lines
         f"torchair stand-in only captures graph {result.graphs[0].name!r}: it holds ['Cast', 'Const', 'Mul'], "
-        "and only graphs of Data, BlockAttentionResiduals, BlockAttentionResidualsGrad and NetOutput can run here"
+        "and only graphs of Data, BlockAttentionResiduals, BlockAttentionResidualsGrad, BlockAttnResPrepare, "
+        "BlockAttnResUpdate and NetOutput can run here"
     )
 
 

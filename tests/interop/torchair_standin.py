@@ -15,7 +15,9 @@ What the stand-in does instead of GE:
   converter validate against our declarations;
 - every graph torchair loads is recorded in `LOADED` (a `LoadedGraph`);
 - `run` executes the graph on the project's local GE when it holds only Data, our ops and
-  NetOutput (after dropping the nodes nothing consumes, as GE does); meta inputs carry no
+  NetOutput (after dropping the nodes nothing consumes, as GE does; a TensorMove of an input, which
+  torchair puts before an op updating that input in place, by feeding a copy of the input), writes
+  each output into the tensor torchair assigned to it (an updated input's own); meta inputs carry no
   values, so they get meta outputs of our prototypes' InferShape; any other graph raises
   `CaptureOnlyError`.
 
@@ -42,6 +44,7 @@ MODULE_NAME = "torchair.core._torchair"
 STATUS_OK = "SUCCESS"
 STATUS_NOT_REGISTERED = "ERROR"  # torchair: "No AscendIR <type> was found to be registered"
 VALUE_TYPES = {"Int": "VT_INT", "Float": "VT_FLOAT", "Bool": "VT_BOOL", "Str": "VT_STRING"}
+TENSOR_MOVE = "TensorMove"  # GE's copy; torchair emits one per input an op updates in place
 RUNNABLE_FRAME = ("Data", "NetOutput")
 
 
@@ -130,18 +133,34 @@ class TorchNpuGraphBase:
         raise CaptureOnlyError("torchair stand-in: auto_tune (AOE) needs CANN; this stand-in only captures graphs")
 
     def run(self, args):
-        inputs, _assigned_outputs, _stream = args  # torchair passes one tuple
+        inputs, assigned_outputs, _stream = args  # torchair passes one tuple
         self.loaded.runs += 1
         if inputs and all(tensor.device.type == "meta" for tensor in inputs):
             return meta_outputs(self.loaded, list(inputs))
         if self._local_graph is None:
-            self._local_graph = compile_graph(runnable_graph(self.loaded))
-        return list(self._local_graph(*inputs))
+            graph_def = runnable_graph(self.loaded)
+            self._moved = moved_inputs(graph_def)
+            self._local_graph = compile_graph(without_tensor_moves(graph_def))
+        inputs = [tensor.clone() if index in self._moved else tensor for index, tensor in enumerate(inputs)]
+        return assign(list(self._local_graph(*inputs)), assigned_outputs)
+
+
+def assign(results: list[torch.Tensor], assigned_outputs) -> list[torch.Tensor]:
+    """GE writes an output into the tensor torchair assigned to it, if any: torchair assigns the caller's
+    tensor to an output that is an input's new value (an input updated in place, e.g. BlockAttnResUpdate's
+    partial_block), and that tensor is the output."""
+    for index, target in enumerate(assigned_outputs or ()):
+        if target is not None:
+            target.copy_(results[index])
+            results[index] = target
+    return results
 
 
 def meta_outputs(loaded: LoadedGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Meta inputs carry no values: each node's outputs are meta tensors of its prototype's InferShape."""
     graph_def = runnable_graph(loaded)
+    moved_inputs(graph_def)  # the same graphs are refused as in a run with values
+    graph_def = without_tensor_moves(graph_def)
     values = {(op.name, 0): inputs[op.attr["index"].i] for op in graph_def.op if op.type == "Data"}
     for op in graph_def.op:
         if op.type in PROTOTYPES:
@@ -164,12 +183,51 @@ def _source(ref: str) -> tuple[str, int]:
 def runnable_graph(loaded: LoadedGraph):
     """graph[0] parsed with the project's own ge.proto, dead nodes dropped; CaptureOnlyError unless it is all ours."""
     graph_def = without_identities(live_graph(ModelDef.FromString(loaded.model_def_bytes).graph[0]))
-    foreign = sorted({op.type for op in graph_def.op if op.type not in RUNNABLE_FRAME and op.type not in PROTOTYPES})
+    foreign = sorted({op.type for op in graph_def.op
+                      if op.type not in (*RUNNABLE_FRAME, TENSOR_MOVE) and op.type not in PROTOTYPES})
     if foreign:
         raise CaptureOnlyError(
             f"torchair stand-in only captures graph {loaded.name!r}: it holds {foreign}, and only graphs of "
             f"Data, {', '.join(sorted(PROTOTYPES))} and NetOutput can run here"
         )
+    return graph_def
+
+
+def moved_inputs(graph_def) -> set[int]:
+    """Data indices read through a TensorMove (GE's copy of a tensor): torchair moves each input that an
+    op updates in place (auto_functionalized_v2's clone of its base, e.g. BlockAttnResUpdate's
+    partial_block). The run feeds a copy of such an input instead, which is faithful only while the
+    TensorMove is the Data's one reader: CaptureOnlyError otherwise."""
+    readers: dict[str, list[str]] = {}
+    for op in graph_def.op:
+        for ref in op.input:
+            readers.setdefault(ref.lstrip("^").rpartition(":")[0], []).append(op.type)
+    moved = set()
+    for op in graph_def.op:
+        if op.type == "Data" and TENSOR_MOVE in readers.get(op.name, ()):
+            if readers[op.name] != [TENSOR_MOVE]:
+                raise CaptureOnlyError(f"torchair stand-in: Data {op.name!r} is read by {readers[op.name]}; "
+                                       "only a Data read by one TensorMove alone can run here")
+            moved.add(op.attr["index"].i)
+    if any(op.type == TENSOR_MOVE and _source(op.input[0])[0] not in _data_names(graph_def) for op in graph_def.op):
+        raise CaptureOnlyError("torchair stand-in: only a TensorMove of a graph input can run here")
+    return moved
+
+
+def _data_names(graph_def) -> set[str]:
+    return {op.name for op in graph_def.op if op.type == "Data"}
+
+
+def without_tensor_moves(graph_def):
+    """TensorMove ops of graph inputs bypassed and dropped: the run feeds those inputs as copies (moved_inputs)."""
+    moves = {op.name: op.input[0] for op in graph_def.op if op.type == TENSOR_MOVE}
+    kept = [op for op in graph_def.op if op.type != TENSOR_MOVE]
+    for op in kept:
+        rewired = [moves.get(_source(ref)[0], ref) if ref and not ref.startswith("^") else ref for ref in op.input]
+        del op.input[:]
+        op.input.extend(rewired)
+    del graph_def.op[:]
+    graph_def.op.extend(kept)
     return graph_def
 
 

@@ -1,0 +1,188 @@
+"""The two-phase ops through the real torchair: the BlockAttnResPrepare and BlockAttnResUpdate nodes our
+converters emit (types, input/output names and order, eps), update's reference output (torchair finds the
+new partial_block as the node's output named like its input and assigns it the caller's tensor), runs on
+the local GE bit for bit with eager (the caller's partial_block included), one graph for every
+valid_blocks value, and the converter torchair generates from our prototypes against ours."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interop_helpers import (
+    TORCH_TO_PROTO_DTYPE,
+    assert_bitwise_equal,
+    assert_node_matches_prototype,
+    attr_values,
+    capture,
+    compile_and_capture,
+    node_signature,
+    npu_compile,
+    only_op,
+    output_dtypes,
+)
+from torchair._ge_concrete_graph.fx2ge_converter import _get_converter
+from torchair._ge_concrete_graph.ge_ir_pb2 import DataType as ProtoDataType
+
+from attnres_ge.ge_plugin.block_attn_res_prepare import SCHEMA as PREPARE_SCHEMA
+from attnres_ge.ge_plugin.block_attn_res_update import SCHEMA as UPDATE_SCHEMA
+from attnres_ge.op_proto import PREPARE, UPDATE
+
+T, N, S, D = 5, 3, 2, 8
+EPS = 1e-5
+F32, BF16 = TORCH_TO_PROTO_DTYPE[torch.float32], TORCH_TO_PROTO_DTYPE[torch.bfloat16]
+U64 = ProtoDataType.Value("DT_UINT64")
+ATTNRES = torch.ops.attnres
+
+
+def prepare_inputs(device, valid=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    block_res = torch.randn(T, N, D, generator=generator)
+    pseudo_query = torch.randn(S, D, generator=generator) / D**0.5
+    return [block_res.to(device), torch.tensor([valid], dtype=torch.uint64, device=device), pseudo_query.to(device)]
+
+
+def update_inputs(device, seed=1):
+    """partial_block, delta (bf16), pseudo_query, and slot 0 of a prepare's states."""
+    block_res, valid, queries = prepare_inputs("cpu", seed=seed)
+    numerator, logit_max, exp_sum = ATTNRES.block_attn_res_prepare(block_res, valid, queries, eps=EPS)
+    generator = torch.Generator().manual_seed(seed + 1)
+    partial = torch.randn(T, D, generator=generator)
+    delta = torch.randn(T, D, generator=generator).bfloat16()
+    tensors = [partial, delta, queries[0], numerator[0], logit_max[0], exp_sum[0]]
+    return [tensor.clone().to(device) for tensor in tensors]
+
+
+def prepare(op=ATTNRES.block_attn_res_prepare.default):
+    return lambda block_res, valid, queries: op(block_res, valid, queries, eps=EPS)
+
+
+def update(op=ATTNRES.block_attn_res_update.default):
+    return lambda partial, delta, queries, numerator, logit_max, exp_sum: op(
+        partial, delta, queries, numerator, logit_max, exp_sum, eps=EPS)
+
+
+@pytest.fixture(scope="module", params=["meta", "cpu"])
+def device(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def prepared(device):
+    inputs = prepare_inputs(device)
+    captured = compile_and_capture(prepare(), *inputs)
+    [graph] = captured.graphs
+    return graph, only_op(graph, PREPARE.op_type), inputs, captured
+
+
+@pytest.fixture(scope="module")
+def updated(device):
+    """The update compiled and run on fresh inputs; partial_block is the caller's tensor, checked after."""
+    inputs = update_inputs(device)
+    before = inputs[0].clone()
+    captured = compile_and_capture(update(), *inputs)
+    [graph] = captured.graphs
+    return graph, only_op(graph, UPDATE.op_type), inputs, before, captured
+
+
+def test_our_converters_are_the_ones_torchair_calls():
+    for op in (ATTNRES.block_attn_res_prepare.default, ATTNRES.block_attn_res_update.default):
+        converter = _get_converter(op)
+        assert converter is not None and converter.__module__.startswith("attnres_ge.ge_plugin"), op
+
+
+def test_prepare_node(prepared):
+    graph, op, _, _ = prepared
+    assert graph.op_types() == ["Data"] * 3 + [PREPARE.op_type, "NetOutput"]
+    assert_node_matches_prototype(op, PREPARE)
+    assert list(op.input) == [f"arg{i}_1:0" for i in range(3)]
+    assert [desc.dtype for desc in op.input_desc] == [F32, U64, F32]
+    assert attr_values(op) == {"eps": pytest.approx(EPS)}
+    assert output_dtypes(op) == {"numerator": F32, "logit_max": F32, "exp_sum": F32}
+    assert graph.hint_output_shapes == [[S, T, D], [S, T], [S, T]]
+
+
+def test_prepare_runs_on_local_ge_bit_for_bit(prepared, device):
+    _, _, inputs, captured = prepared
+    outputs = captured.value()
+    expected = prepare()(*inputs)
+    for name, actual, wanted in zip(PREPARE.output_names(), outputs, expected, strict=True):
+        if device == "meta":
+            assert (actual.device.type, actual.dtype, actual.shape) == ("meta", wanted.dtype, wanted.shape), name
+        else:
+            assert_bitwise_equal(name, actual, wanted)
+
+
+def test_update_node_and_its_reference_output(updated):
+    """torchair copies the updated input first (TensorMove, auto_functionalized_v2's clone) and takes the new
+    partial_block from the node's output of that name: output 0, the reference output."""
+    graph, op, _, _, _ = updated
+    assert graph.op_types() == ["Data"] * 6 + ["TensorMove", UPDATE.op_type, "NetOutput"]
+    assert_node_matches_prototype(op, UPDATE)
+    [move] = graph.ops_of_type("TensorMove")
+    assert list(move.input) == ["arg0_1:0"]
+    assert list(op.input) == [f"{move.name}:0"] + [f"arg{i}_1:0" for i in range(1, 6)]
+    assert [desc.dtype for desc in op.input_desc] == [F32, BF16, F32, F32, F32, F32]
+    assert attr_values(op) == {"eps": pytest.approx(EPS)}
+    assert output_dtypes(op) == {"partial_block": F32, "h": BF16}
+    [net_output] = graph.ops_of_type("NetOutput")
+    assert list(net_output.input) == [f"{op.name}:1", f"{op.name}:0"]  # h, then partial_block's new value
+
+
+def test_update_runs_on_local_ge_bit_for_bit_and_updates_the_callers_partial_block(updated, device):
+    _, _, inputs, before, captured = updated
+    h = captured.value()  # the op returns h alone
+    eager_inputs = [before.clone(), *inputs[1:]]
+    want = update()(*eager_inputs)
+    if device == "meta":
+        assert (h.device.type, h.dtype, h.shape) == ("meta", want.dtype, want.shape)
+        return
+    assert_bitwise_equal("h", h, want)
+    assert_bitwise_equal("partial_block after the call", inputs[0], eager_inputs[0])
+    assert not torch.equal(inputs[0], before), "the caller's partial_block was not updated"
+
+
+def test_a_new_valid_blocks_value_runs_the_same_graph():
+    block_res, _, queries = prepare_inputs("cpu")
+    compiled = npu_compile(prepare())
+    runs = {}
+
+    def step():
+        for count in (0, 1, N, 2):
+            valid = torch.tensor([count], dtype=torch.uint64)
+            runs[count] = (compiled(block_res, valid, queries), prepare()(block_res, valid, queries))
+
+    captured = capture(step)
+    assert len(captured.graphs) == 1 and captured.graphs[0].runs == 4, [g.name for g in captured.graphs]
+    for count, (outputs, expected) in runs.items():
+        for name, actual, wanted in zip(PREPARE.output_names(), outputs, expected, strict=True):
+            assert_bitwise_equal(f"{name} at valid_blocks={count}", actual, wanted)
+
+
+def define_alias(op_name: str, schema: str, target, mutates_args=()):
+    """Test-only torch op `attnres_auto::<op_name>` with `schema` that computes through `target`, for the
+    converter torchair generates from the op name (block_attn_res_update -> BlockAttnResUpdate)."""
+    op = torch.library.custom_op(f"attnres_auto::{op_name}", lambda *a, **k: target(*a, **k),
+                                 mutates_args=mutates_args, schema=schema)
+    op.register_fake(lambda *a, **k: target(*a, **k))
+    return getattr(torch.ops.attnres_auto, op_name).default
+
+
+AUTO_PREPARE = define_alias("block_attn_res_prepare", PREPARE_SCHEMA, ATTNRES.block_attn_res_prepare)
+AUTO_UPDATE = define_alias("block_attn_res_update", UPDATE_SCHEMA, ATTNRES.block_attn_res_update,
+                           mutates_args=("partial_block",))
+
+
+@pytest.mark.parametrize("which", ["prepare", "update"])
+def test_torchairs_generated_converter_builds_the_node_ours_does(which):
+    assert _get_converter(AUTO_PREPARE if which == "prepare" else AUTO_UPDATE) is None
+    make, auto, inputs, proto = {
+        "prepare": (prepare, AUTO_PREPARE, lambda: prepare_inputs("meta"), PREPARE),
+        "update": (update, AUTO_UPDATE, lambda: update_inputs("meta"), UPDATE),
+    }[which]
+    [ours] = compile_and_capture(make(), *inputs()).graphs
+    [generated] = compile_and_capture(make(auto), *inputs()).graphs
+    assert getattr(auto, "_ge_converter", None) is not None, "torchair did not generate a converter"
+    assert node_signature(only_op(generated, proto.op_type)) == node_signature(only_op(ours, proto.op_type))
+    assert generated.op_types() == ours.op_types()
+    [net_ours], [net_generated] = ours.ops_of_type("NetOutput"), generated.ops_of_type("NetOutput")
+    assert list(net_generated.input) == list(net_ours.input)
