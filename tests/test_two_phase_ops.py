@@ -609,3 +609,40 @@ def test_infer_shape_keeps_unknown_dims_and_accepts_unknown_rank():
                                                 r"shape \[T, D\] = \[-1, 32\], got \[-1, 31\]"):
         UPDATE.infer(metas(partial_block=((-1, 32), f32), delta=((-1, 31), f32), pseudo_query=((32,), f32),
                            numerator=((-1, 32), f32), logit_max=((-1,), f32), exp_sum=((-1,), f32)), {}, WHERE_GRAPH)
+
+
+# ------------------------------------------------------------------------------------------ NPU dispatch
+
+
+def test_npu_dispatch_forwards_both_ops_to_canns_ops_of_the_same_name(monkeypatch):
+    """With torch_npu and cann_ops_transformer loaded, each op's NPU kernel is CANN's op of the same name,
+    called with the arguments unchanged (stand-ins here: no NPU device exists on this machine)."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from attnres_ge.ge_plugin import npu
+
+    def standin(name):
+        return lambda *args, **kwargs: (name, args, kwargs)
+
+    cann = SimpleNamespace(block_attn_res_prepare=standin("prepare"), block_attn_res_update=standin("update"))
+    registered = {}
+    monkeypatch.setitem(sys.modules, "torch_npu", ModuleType("torch_npu"))
+    monkeypatch.setitem(sys.modules, "cann_ops_transformer", ModuleType("cann_ops_transformer"))
+    monkeypatch.setattr(torch.ops, "cann_ops_transformer", cann, raising=False)
+    monkeypatch.setattr(torch.library, "register_kernel",
+                        lambda name, device, kernel: registered.setdefault(name, (device, kernel)))
+    monkeypatch.setattr(npu, "_warmed_devices", {torch.device("cpu")})  # no warm-up op in this test
+    assert npu.register_npu_kernels()
+    assert set(registered) == {"attnres::block_attn_res_prepare", "attnres::block_attn_res_update"}
+    block_res, queries = prepare_inputs(3, 2, 1, 8)
+    valid = count(2)
+    device, kernel = registered["attnres::block_attn_res_prepare"]
+    name, args, kwargs = kernel(block_res, valid, queries, eps=1e-5)
+    assert device == "npu" and name == "prepare" and kwargs == {"eps": 1e-5}
+    assert all(got is given for got, given in zip(args, (block_res, valid, queries), strict=True))
+    inputs = update_inputs(3, 8, torch.bfloat16, None)
+    device, kernel = registered["attnres::block_attn_res_update"]
+    name, args, _ = kernel(*inputs)
+    assert device == "npu" and name == "update"
+    assert all(got is given for got, given in zip(args, inputs, strict=True))
