@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torchair
 from interop_helpers import (
     TORCH_TO_PROTO_DTYPE,
     assert_bitwise_equal,
@@ -34,20 +35,20 @@ U64 = ProtoDataType.Value("DT_UINT64")
 ATTNRES = torch.ops.attnres
 
 
-def prepare_inputs(device, valid=2, seed=0):
+def prepare_inputs(device, valid=2, seed=0, tokens=T):
     generator = torch.Generator().manual_seed(seed)
-    block_res = torch.randn(T, N, D, generator=generator)
+    block_res = torch.randn(tokens, N, D, generator=generator)
     pseudo_query = torch.randn(S, D, generator=generator) / D**0.5
     return [block_res.to(device), torch.tensor([valid], dtype=torch.uint64, device=device), pseudo_query.to(device)]
 
 
-def update_inputs(device, seed=1):
+def update_inputs(device, seed=1, tokens=T):
     """partial_block, delta (bf16), pseudo_query, and slot 0 of a prepare's states."""
-    block_res, valid, queries = prepare_inputs("cpu", seed=seed)
+    block_res, valid, queries = prepare_inputs("cpu", seed=seed, tokens=tokens)
     numerator, logit_max, exp_sum = ATTNRES.block_attn_res_prepare(block_res, valid, queries, eps=EPS)
     generator = torch.Generator().manual_seed(seed + 1)
-    partial = torch.randn(T, D, generator=generator)
-    delta = torch.randn(T, D, generator=generator).bfloat16()
+    partial = torch.randn(tokens, D, generator=generator)
+    delta = torch.randn(tokens, D, generator=generator).bfloat16()
     tensors = [partial, delta, queries[0], numerator[0], logit_max[0], exp_sum[0]]
     return [tensor.clone().to(device) for tensor in tensors]
 
@@ -158,31 +159,79 @@ def test_a_new_valid_blocks_value_runs_the_same_graph():
             assert_bitwise_equal(f"{name} at valid_blocks={count}", actual, wanted)
 
 
-def define_alias(op_name: str, schema: str, target, mutates_args=()):
-    """Test-only torch op `attnres_auto::<op_name>` with `schema` that computes through `target`, for the
-    converter torchair generates from the op name (block_attn_res_update -> BlockAttnResUpdate)."""
-    op = torch.library.custom_op(f"attnres_auto::{op_name}", lambda *a, **k: target(*a, **k),
+@pytest.mark.parametrize("which", ["prepare", "update"])
+def test_dynamic_tokens_run_one_graph_bit_for_bit(which):
+    make, make_inputs = {"prepare": (prepare, prepare_inputs), "update": (update, update_inputs)}[which]
+    compiled = npu_compile(make(), dynamic=True)
+    results = []
+
+    def step():
+        for seed, tokens in enumerate((5, 9, 3)):
+            graph_inputs, eager_inputs = (make_inputs("cpu", seed=seed, tokens=tokens) for _ in range(2))
+            results.append((tokens, compiled(*graph_inputs), make()(*eager_inputs), graph_inputs, eager_inputs))
+
+    captured = capture(step)
+    assert len(captured.graphs) == 1 and captured.graphs[0].runs == 3, [g.name for g in captured.graphs]
+    op = only_op(captured.graphs[0], PREPARE.op_type if which == "prepare" else UPDATE.op_type)
+    assert any(-1 in desc.shape.dim for desc in op.input_desc), "the graph was built for one token count"
+    for tokens, got, want, graph_inputs, eager_inputs in results:
+        for index, (actual, wanted) in enumerate(zip(flat(got), flat(want), strict=True)):
+            assert_bitwise_equal(f"output {index} at T={tokens}", actual, wanted)
+        assert_bitwise_equal(f"first input after the call at T={tokens}", graph_inputs[0], eager_inputs[0])
+
+
+def flat(value):
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def define_alias(namespace: str, op_name: str, schema: str, target, mutates_args=()):
+    """Test-only torch op `<namespace>::<op_name>` with `schema` that computes through `target`."""
+    op = torch.library.custom_op(f"{namespace}::{op_name}", lambda *a, **k: target(*a, **k),
                                  mutates_args=mutates_args, schema=schema)
     op.register_fake(lambda *a, **k: target(*a, **k))
-    return getattr(torch.ops.attnres_auto, op_name).default
+    return getattr(getattr(torch.ops, namespace), op_name).default
 
 
-AUTO_PREPARE = define_alias("block_attn_res_prepare", PREPARE_SCHEMA, ATTNRES.block_attn_res_prepare)
-AUTO_UPDATE = define_alias("block_attn_res_update", UPDATE_SCHEMA, ATTNRES.block_attn_res_update,
+# For the converter torchair generates from the op name (block_attn_res_update -> BlockAttnResUpdate).
+AUTO_PREPARE = define_alias("attnres_auto", "block_attn_res_prepare", PREPARE_SCHEMA, ATTNRES.block_attn_res_prepare)
+AUTO_UPDATE = define_alias("attnres_auto", "block_attn_res_update", UPDATE_SCHEMA, ATTNRES.block_attn_res_update,
                            mutates_args=("partial_block",))
+# For torchair's positional custom_op(op_type, *inputs, *attributes), which maps them by our prototypes.
+POSITIONAL_PREPARE = define_alias("attnres_positional", "block_attn_res_prepare", PREPARE_SCHEMA,
+                                  ATTNRES.block_attn_res_prepare)
+POSITIONAL_UPDATE = define_alias("attnres_positional", "block_attn_res_update", UPDATE_SCHEMA,
+                                 ATTNRES.block_attn_res_update, mutates_args=("partial_block",))
 
 
+@torchair.register_fx_node_ge_converter(POSITIONAL_PREPARE)
+def convert_positional_prepare(block_res, valid_blocks, pseudo_query, *, eps=1e-6, meta_outputs=None):
+    return torchair.ge.custom_op(PREPARE.op_type, block_res, valid_blocks, pseudo_query, eps)
+
+
+@torchair.register_fx_node_ge_converter(POSITIONAL_UPDATE)
+def convert_positional_update(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, *, eps=1e-6,
+                              meta_outputs=None):
+    _, h = torchair.ge.custom_op(UPDATE.op_type, partial_block, delta, pseudo_query, numerator, logit_max, exp_sum,
+                                 eps)
+    return h
+
+
+@pytest.mark.parametrize("way", ["automatic", "positional"])
 @pytest.mark.parametrize("which", ["prepare", "update"])
-def test_torchairs_generated_converter_builds_the_node_ours_does(which):
-    assert _get_converter(AUTO_PREPARE if which == "prepare" else AUTO_UPDATE) is None
-    make, auto, inputs, proto = {
-        "prepare": (prepare, AUTO_PREPARE, lambda: prepare_inputs("meta"), PREPARE),
-        "update": (update, AUTO_UPDATE, lambda: update_inputs("meta"), UPDATE),
+def test_torchairs_own_ways_build_the_node_ours_does(which, way):
+    make, inputs, proto = {
+        "prepare": (prepare, lambda: prepare_inputs("meta"), PREPARE),
+        "update": (update, lambda: update_inputs("meta"), UPDATE),
     }[which]
+    other = {("prepare", "automatic"): AUTO_PREPARE, ("update", "automatic"): AUTO_UPDATE,
+             ("prepare", "positional"): POSITIONAL_PREPARE, ("update", "positional"): POSITIONAL_UPDATE}[which, way]
+    if way == "automatic":
+        assert _get_converter(other) is None
     [ours] = compile_and_capture(make(), *inputs()).graphs
-    [generated] = compile_and_capture(make(auto), *inputs()).graphs
-    assert getattr(auto, "_ge_converter", None) is not None, "torchair did not generate a converter"
-    assert node_signature(only_op(generated, proto.op_type)) == node_signature(only_op(ours, proto.op_type))
-    assert generated.op_types() == ours.op_types()
-    [net_ours], [net_generated] = ours.ops_of_type("NetOutput"), generated.ops_of_type("NetOutput")
-    assert list(net_generated.input) == list(net_ours.input)
+    [theirs] = compile_and_capture(make(other), *inputs()).graphs
+    if way == "automatic":
+        assert getattr(other, "_ge_converter", None) is not None, "torchair did not generate a converter"
+    assert node_signature(only_op(theirs, proto.op_type)) == node_signature(only_op(ours, proto.op_type))
+    assert theirs.op_types() == ours.op_types()
+    [net_ours], [net_theirs] = ours.ops_of_type("NetOutput"), theirs.ops_of_type("NetOutput")
+    assert list(net_theirs.input) == list(net_ours.input)
