@@ -168,17 +168,35 @@ def test_prepare_without_cube_sizes_upstream_parse_fails_ours_tiles_vector(drive
 
 
 # Pinned from upstream/two-phase/README.md and its driver (CANN's code on Ascend950PR_9579.ini): guards the
-# comparison against a changed kit. (T, N, S, D) -> key, block dim, workspace, record size.
-PINNED_950 = [((64, 8, 16, 2048), KEY_MIX, AIC_CORES, 17264640, 136),
-              ((4, 4, 1, 128), KEY_VECTOR, 4, SYSTEM_WORKSPACE, 48)]
+# comparison against a changed kit. (T, N, S, D) -> key, block dim, workspace, record size, and fields worked out
+# by hand from the kernels' buffer plans: (64, 8, 16, 2048) takes the mix template with one token per group
+# (grouping 2 would raise a core's tokens from 3 to 4), the whole S and D tiles of 512 (4 tiles);
+# its workspace is 16 MiB + 28 cores * (16 * 16 + 16 * 16 * 16) floats. (4, 4, 1, 128): vector, one unit per core.
+VECTOR_FIELDS = {"totalWorkUnits": (8, "<I"), "blockFactor": (16, "<I"), "tailBlockFactor": (20, "<I"),
+                 "baseD": (24, "<I"), "usedCoreNum": (36, "<H"), "vCacheRows": (41, "<B"), "qBufferNum": (42, "<B"),
+                 "vBufferNum": (43, "<B"), "oBufferNum": (44, "<B")}
+MIX_FIELDS = {"qL1Elems": (0, "<Q"), "workspacePerCoreElems": (56, "<Q"), "totalWorkUnits": (72, "<I"),
+              "baseT": (80, "<I"), "baseS": (84, "<I"), "baseD": (88, "<I"), "dTileNum": (100, "<I"),
+              "mm1NAlign": (112, "<I"), "usedCoreNum": (124, "<H"), "qL1BufferNum": (131, "<B")}
+PINNED_950 = [
+    ((64, 8, 16, 2048), KEY_MIX, AIC_CORES, SYSTEM_WORKSPACE + 28 * 4352 * 4, 136,
+     {"qL1Elems": 16 * 512, "workspacePerCoreElems": 4352, "totalWorkUnits": 64, "baseT": 1, "baseS": 16,
+      "baseD": 512, "dTileNum": 4, "mm1NAlign": 16, "usedCoreNum": AIC_CORES, "qL1BufferNum": 2}),
+    ((4, 4, 1, 128), KEY_VECTOR, 4, SYSTEM_WORKSPACE, 48,
+     {"totalWorkUnits": 4, "blockFactor": 1, "tailBlockFactor": 1, "baseD": 128, "usedCoreNum": 4, "vCacheRows": 4,
+      "qBufferNum": 1, "vBufferNum": 2, "oBufferNum": 1}),
+]
 
 
 @pytest.mark.parametrize("which", ["ours", "upstream"])
 def test_prepare_tiling_pinned_to_the_kit(drivers, which):
     lines = drivers.run(which, prepare_commands("ini950", [case for case, *_ in PINNED_950])).lines
-    for line, (_, key, block_dim, workspace, size) in zip(lines, PINNED_950, strict=True):
+    for line, (_, key, block_dim, workspace, size, fields) in zip(lines, PINNED_950, strict=True):
         assert (line["key"], line["block_dim"], line["workspace"], len(line["data"]) // 2) == (
             key, block_dim, workspace, size), line
+        data = bytes.fromhex(line["data"])
+        layout = MIX_FIELDS if key == KEY_MIX else VECTOR_FIELDS
+        assert {name: struct.unpack_from(fmt, data, offset)[0] for name, (offset, fmt) in layout.items()} == fields
 
 
 def test_prepare_tiling_carries_eps_and_rejects_a_bad_one_like_upstream(drivers):
