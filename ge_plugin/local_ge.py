@@ -21,9 +21,10 @@ Reference outputs (an output named as an input, e.g. BlockAttnResUpdate's partia
 GE, the output is the input's memory. The kernel is given the input as that output, as the eager op
 gives it (through a contiguous copy, copied back after, where the fed tensor is not contiguous), so
 the very tensor fed for that input, a caller's own, holds the bits the eager op leaves, and that
-tensor is the node's output. InferShape must give the
-reference output the input's dtype and dims, and no other input of the node may come from the same
-tensor. Such graphs run in Python (the C++ GraphNode knows no reference outputs).
+tensor is the node's output. InferShape must give the reference output the input's dtype and
+dims, no other input of the node may come from the same tensor, and at run time none may share
+memory with the updated one (the eager op's check). Such graphs run in Python (the C++ GraphNode
+knows no reference outputs).
 
 Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
 torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
@@ -45,6 +46,7 @@ from google.protobuf import text_format
 from attnres_ge.ge_plugin import cpp_entry, ge_attr
 from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
+from attnres_ge.ge_plugin.op_common import check_references_not_aliased
 from attnres_ge.ge_plugin.ops import op_for_type
 from attnres_ge.op_host.tiling_base import CompileInfo
 from attnres_ge.op_kernel import OpKernel
@@ -168,6 +170,10 @@ class CompiledGraph:
     def _run_op_in_place(self, op: CompiledOp, plan: ShapePlan, args: list, tensors: list) -> list[torch.Tensor]:
         """A node with reference outputs, as the eager op runs it: the kernel writes each into its input
         (the contiguous copy where the fed tensor is not contiguous, copied back after), which is the output."""
+        try:  # as eager refuses it: the kernel would read what it has already overwritten
+            check_references_not_aliased(op.prototype, args, WHERE_GRAPH)
+        except AttnResInputError as error:
+            raise _node_error(op.op_def, error) from None
         referenced = dict(op.references)  # output index -> input index
         fresh = [meta for index, meta in enumerate(plan.outputs) if index not in referenced]
         buffers, workspace = op.buffers.take(plan, fresh, plan.tiling.workspace_size, tensors[0].device)

@@ -310,3 +310,20 @@ def test_the_local_ge_checks_an_update_graph_it_did_not_trace():
     bad = [[T, D], [T, D], [D], [T, D + 1], [T], [T]]
     with pytest.raises(AttnResInputError, match=r"node 'BlockAttnResUpdate' .*numerator must have shape"):
         compile_graph(_update_graph(bad, UPDATE_DTYPES))
+
+
+def test_the_local_ge_refuses_a_delta_sharing_memory_with_partial_block_at_run_time(monkeypatch):
+    """Two graph inputs that are views of one buffer: the node refuses them as the eager op does (the kernel
+    would read values it has already overwritten), naming the node and both tensors."""
+    shapes = [[-1, D], [-1, D], [D], [-1, D], [-1], [-1]]
+    dtypes = [torch.float32] * 6  # a float32 delta, so that it can view partial_block's buffer
+    compiled = compile_graph(_update_graph(shapes, dtypes))
+    _, _, queries, numerator, logit_max, exp_sum = update_inputs()
+    buffer = torch.randn(T, D + 4)
+    partial, delta = buffer[:, :D], buffer[:, 4:]
+    with pytest.raises(AttnResInputError, match="updated in place and must not share memory with delta"):
+        update(partial, delta, queries, numerator, logit_max, exp_sum)
+    refuse_kernels(monkeypatch)
+    with pytest.raises(AttnResInputError, match=r"node 'BlockAttnResUpdate' .*BlockAttnResUpdate.*partial_block is "
+                                                 r"updated in place and must not share memory with delta"):
+        compiled(partial, delta, queries, numerator, logit_max, exp_sum)
