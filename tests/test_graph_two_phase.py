@@ -327,3 +327,24 @@ def test_the_local_ge_refuses_a_delta_sharing_memory_with_partial_block_at_run_t
     with pytest.raises(AttnResInputError, match=r"node 'BlockAttnResUpdate' .*BlockAttnResUpdate.*partial_block is "
                                                  r"updated in place and must not share memory with delta"):
         compiled(partial, delta, queries, numerator, logit_max, exp_sum)
+
+
+@pytest.mark.parametrize("path", ["dynamo-graph", "aot-autograd"])
+def test_partial_block_read_after_the_update_in_the_same_graph_sees_the_update(path):
+    """The graph reads partial_block before and after the in-place update: each read sees the bits eager does."""
+    weight = torch.tensor(2.0, requires_grad=path == "aot-autograd")
+    _, delta, queries, numerator, logit_max, exp_sum = update_inputs()
+
+    def fn(partial):
+        before = partial * weight
+        h = update(partial, delta, queries, numerator, logit_max, exp_sum)
+        return before, h.float() * weight, partial * weight
+
+    partial = update_inputs()[0]
+    eager_partial, graph_partial = partial.clone(), partial.clone()
+    want = fn(eager_partial)
+    got = torch.compile(fn, backend=attnres_ge.ge_backend())(graph_partial)
+    for name, a, b in zip(("before", "h", "after"), got, want, strict=True):
+        assert_same(name, a, b)
+    assert_same("partial_block", graph_partial, eager_partial)
+    assert not torch.equal(want[0], want[2]), "the update changed nothing"
