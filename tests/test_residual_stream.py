@@ -3,8 +3,11 @@ path and, where the ops exist, the two-phase path: several block sizes, leading 
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnres_ge import BlockAttnRes, ResidualStream
 from attnres_ge.stream import two_phase_ops_available
@@ -204,6 +207,48 @@ def test_a_growing_buffer_takes_more_seals_than_its_first_allocation():
     with torch.no_grad():
         result = model(embeddings, two_phase=False, max_blocks=None)
     assert_close_float32(result, reference_stack(model, embeddings.double()), "grown buffer")
+
+
+class OpCalls(TorchDispatchMode):
+    """Counts the attnres ops run under it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "attnres":
+            self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("two_phase", [False, pytest.param(True, marks=needs_two_phase)],
+                         ids=["per-layer", "two-phase"])
+def test_op_calls_follow_the_schedule(two_phase):
+    """Per-layer: one op per read once something is sealed (the first read has one candidate: no op).
+    Two-phase: one prepare per seal and one update per read after it."""
+    model = Stack(5, 2)  # seals in layers 0, 2, 4; 11 reads, the first one before any seal
+    with torch.no_grad(), OpCalls() as calls:
+        model(embeddings_of((3,)), two_phase=two_phase)
+    reads_after_a_seal = 2 * model.layers  # all reads (two per layer, one final) but the first
+    if two_phase:
+        expected = {"block_attn_res_prepare": model.num_seals(), "block_attn_res_update": reads_after_a_seal}
+        assert calls.counts == expected
+    else:
+        assert calls.counts == {"block_attention_residuals": reads_after_a_seal}
+
+
+def test_without_grad_the_snapshots_stay_in_one_preallocated_buffer():
+    embeddings = embeddings_of((2, 3))
+    with torch.no_grad():
+        stream = ResidualStream(embeddings, max_blocks=3, two_phase=False)
+        buffers = set()
+        for seal in range(3):
+            stream.seal()
+            buffers.add(stream.snapshots.data_ptr())
+            assert stream.snapshots.shape == (2, 3, 3, HIDDEN)
+            stream.accumulate(embeddings_of((2, 3), seed=seal + 2))
+    assert len(buffers) == 1
 
 
 # ---------------------------------------------------------------------------------- dtypes and gradients
