@@ -7,9 +7,11 @@ import collections
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnres_ge import BlockAttnRes, ResidualStream
+from attnres_ge.examples.model import BlockAttnResLM
 from attnres_ge.stream import two_phase_ops_available
 
 needs_two_phase = pytest.mark.skipif(not two_phase_ops_available(), reason="the two-phase torch ops are not built")
@@ -359,3 +361,19 @@ def test_a_stream_built_without_grad_refuses_outputs_that_need_one():
         stream = ResidualStream(embeddings_of((3,)))
     with pytest.raises(RuntimeError, match=r"ResidualStream\.accumulate: this stream was built without grad"):
         stream.accumulate(embeddings_of((3,)).requires_grad_())
+
+
+def test_ddp_sees_every_mixer_used_even_the_one_candidate_read():
+    """Layer 0's pre-attention read has one candidate; its mixer gets a zero gradient rather than none, so DDP
+    (find_unused_parameters=False) does not fail on the next step for a parameter that received no gradient."""
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(BlockAttnResLM(layers=2, layers_per_block=1))
+        tokens = torch.randint(0, 64, (2, 5))
+        for _ in range(2):
+            model(tokens).sum().backward()
+        assert model.module.layers[0].attn_res.proj_weight.grad.abs().max() == 0
+        assert all(parameter.grad is not None for parameter in model.parameters())
+    finally:
+        dist.destroy_process_group()
