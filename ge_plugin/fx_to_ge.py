@@ -148,11 +148,14 @@ def _inline_mutation(graph: fx.Graph, node: fx.Node) -> None:
         for arg in schema.arguments:
             if arg.name not in arguments and arg.name in kwargs:
                 arguments[arg.name] = kwargs[arg.name]
-        positional = tuple(arguments.pop(arg.name) for arg in schema.arguments
-                           if not arg.kwarg_only and arg.name in arguments)
-        call = graph.call_function(op, positional, arguments)
-        call.meta["val"] = results[0] if len(schema.returns) == 1 else tuple(results[:len(schema.returns)])
-        outputs = ([call] if len(schema.returns) == 1 else
+        positional = []
+        for arg in schema.arguments:  # positionally up to the first one left out (it takes its default)
+            if arg.kwarg_only or arg.name not in arguments:
+                break
+            positional.append(arguments.pop(arg.name))
+        call = graph.call_function(op, tuple(positional), arguments)
+        call.meta["val"] = results[0] if len(schema.returns) <= 1 else tuple(results[:len(schema.returns)])
+        outputs = ([call] if len(schema.returns) <= 1 else
                    [_add_node(graph, operator.getitem, (call, index), results[index])
                     for index in range(len(schema.returns))])
     for user in list(node.users):
