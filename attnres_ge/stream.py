@@ -113,9 +113,10 @@ class ResidualStream:
     """
 
     def __init__(self, embeddings: torch.Tensor, *, max_blocks: int | None = None, two_phase: bool | None = None):
-        if not isinstance(embeddings, torch.Tensor) or embeddings.dim() < 1:
-            raise TypeError(f"{_NAME}: embeddings must be a torch.Tensor [..., H], got "
-                            f"{type(embeddings).__name__}{list(getattr(embeddings, 'shape', []))}")
+        if not isinstance(embeddings, torch.Tensor):
+            raise TypeError(f"{_NAME}: embeddings must be a torch.Tensor [..., H], got {type(embeddings).__name__}")
+        if embeddings.dim() < 1:
+            raise ValueError(f"{_NAME}: embeddings must be [..., H] (at least one dim), got a 0-d tensor")
         if two_phase not in (None, True, False):
             raise ValueError(f"{_NAME}: two_phase must be None, True or False, got {two_phase!r}")
         if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
@@ -161,9 +162,11 @@ class ResidualStream:
 
     def accumulate(self, out: torch.Tensor) -> None:
         """live = out right after a seal (or at the start), else live + out; `out` is [..., H] like the embeddings."""
-        if not isinstance(out, torch.Tensor) or out.shape != self.shape:
-            raise ValueError(f"{_NAME}.accumulate: out must be a tensor of the embeddings' shape {list(self.shape)}, "
-                             f"got {type(out).__name__}{list(getattr(out, 'shape', []))}")
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{_NAME}.accumulate: out must be a torch.Tensor, got {type(out).__name__}")
+        if out.shape != self.shape:
+            raise ValueError(f"{_NAME}.accumulate: out must have the embeddings' shape {list(self.shape)}, "
+                             f"got {list(out.shape)}")
         if self.uses_two_phase_storage and torch.is_grad_enabled() and out.requires_grad:
             raise RuntimeError(f"{_NAME}.accumulate: this stream was built without grad (its live stream is updated "
                                "in place) but out requires grad; build the stream with grad mode on to train")

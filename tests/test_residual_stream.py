@@ -306,9 +306,18 @@ def test_reading_right_after_a_seal_raises():
 
 def test_accumulating_the_wrong_shape_raises():
     stream = ResidualStream(embeddings_of((3,)))
-    with pytest.raises(ValueError, match=r"ResidualStream\.accumulate: out must be a tensor of the embeddings' shape "
-                                         r"\[3, 16\], got Tensor\[3, 8\]"):
+    with pytest.raises(ValueError, match=r"ResidualStream\.accumulate: out must have the embeddings' shape "
+                                         r"\[3, 16\], got \[3, 8\]"):
         stream.accumulate(torch.zeros(3, 8))
+    with pytest.raises(TypeError, match=r"ResidualStream\.accumulate: out must be a torch.Tensor, got list"):
+        stream.accumulate([0.0] * HIDDEN)
+
+
+def test_embeddings_that_are_no_tensor_or_0_d_raise():
+    with pytest.raises(TypeError, match=r"ResidualStream: embeddings must be a torch.Tensor \[\.\.\., H\], got list"):
+        ResidualStream([0.0])
+    with pytest.raises(ValueError, match=r"ResidualStream: embeddings must be \[\.\.\., H\].*0-d tensor"):
+        ResidualStream(torch.tensor(1.0))
 
 
 def test_reading_with_something_else_than_a_block_attn_res_raises():
