@@ -44,8 +44,25 @@ rounds: op-graph's overhead includes it.
 other in the same run. Where the goals' shape (GOAL_SHAPE) was timed, a table closes the run: per
 path and dtype, op-graph's and op-eager's fraction of the paired copy against GOALS.
 
-    attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--dtypes float32 bfloat16] [--providers ...]
-                     [--paths PATH ... | all] [--rounds R] [--retries K] [--json F] [--plot F]
+The two-phase ops (TWO_PHASE_SHAPES, named T_N_S_D; float32, delta too) are timed by the same rounds, against
+a copy of block_res's size, over their minimum traffic (every tensor with a token dimension read or written
+once; the pseudo-queries, which have none, left out):
+  prepare-eager, prepare-graph   block_attn_res_prepare: N T D read, S T D + 2 S T written
+  update-eager, update-graph     block_attn_res_update on prepare's first slot: partial_block, delta, numerator
+                                 read, partial_block and h written (5 T D), logit_max and exp_sum read
+(-graph: through torch.compile(backend="attnres_ge")). Their path reads "python" while the ops have Python
+kernels only; under --paths they are then timed on the first path alone.
+
+One block of a model (BLOCK_SHAPES, named block_T_N_D_R; float32), timed the same way, both ways:
+  block-per-layer   R times: live += delta, then block_attention_residuals over the N snapshots and live
+  block-two-phase   one block_attn_res_prepare for the R readers, then R block_attn_res_update calls
+The traffic model counts [T, D] planes: R (N + 5) per-layer against N + 6 R two-phase; the table closing
+the run gives the measured speedup of the two-phase block beside the model's ratio. DEFAULT_BLOCK_SHAPES are
+timed by default, --all-blocks times every one. With the Python kernels a prepare at T=4096 takes minutes:
+pick the decode shapes (T=1, 16) for a short run.
+
+    attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--all-blocks] [--dtypes float32 bfloat16]
+                     [--providers ...] [--paths PATH ... | all] [--rounds R] [--retries K] [--json F] [--plot F]
 """
 
 from __future__ import annotations
@@ -92,6 +109,23 @@ GOAL_PATHS = ("avx2", "avx512", "avx512bf16")
 GOALS = {("op-graph", "forward"): 0.90, ("op-graph", "backward"): 0.80,
          ("op-eager", "forward"): 0.80, ("op-eager", "backward"): 0.60}
 ALL_PATHS = "all"
+# The two-phase ops (block_attn_res_prepare, block_attn_res_update): name -> (T, N, S, D), float32.
+TWO_PHASE_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "T4096_N8_S8_D2048": (4096, 8, 8, 2048),
+    "T4096_N8_S8_D7168": (4096, 8, 8, 7168),
+    "T16_N8_S8_D2048": (16, 8, 8, 2048),  # decode-like
+}
+TWO_PHASE_PROVIDERS = ("prepare-eager", "prepare-graph", "update-eager", "update-graph")
+# One block of a model (issue 23): name -> (T, N, D, R); prefill and decode token counts, R reads per block.
+BLOCK_READS = 8
+BLOCK_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    f"block_T{tokens}_N{blocks}_D{hidden}_R{BLOCK_READS}": (tokens, blocks, hidden, BLOCK_READS)
+    for tokens in (4096, 16, 1) for blocks in (8, 32) for hidden in (2048, 7168)
+}
+DEFAULT_BLOCK_SHAPES = ("block_T4096_N8_D2048_R8", "block_T16_N8_D2048_R8", "block_T1_N8_D2048_R8",
+                        "block_T1_N32_D7168_R8")  # timed unless --shapes or --all-blocks says otherwise
+BLOCK_PROVIDERS = ("block-per-layer", "block-two-phase")
+ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS)
 
 
 @dataclass
@@ -167,6 +201,18 @@ class Case:
         tokens, blocks, hidden = self.shape
         elements = (blocks + 2 if direction == "forward" else 2 * blocks + 3) * tokens * hidden
         return elements * self.inputs[0].element_size()
+
+    directions = ("forward", "backward")
+
+    def copy_elements(self) -> int:
+        tokens, blocks, hidden = self.shape
+        return tokens * (blocks + 1) * hidden  # the value stack's size
+
+    def provider_traffic(self, direction: str, provider: str) -> int:
+        return self.traffic(direction)
+
+    def path(self, provider: str) -> str:
+        return kernel_path()
 
     def provider(self, name: str) -> dict[str, Callable[[], object]]:
         return getattr(self, "_" + name.replace("-", "_"))()
@@ -251,6 +297,142 @@ class Case:
         return self._autograd_pair(torch.compile(concat_free_formula, dynamic=False))
 
 
+# ---------------------------------------------------------------------------- the two-phase ops and one block
+
+
+def two_phase_path() -> str:
+    """What runs the two-phase kernels: "python" while either op has no native kernel, else kernel_path()."""
+    from attnres_ge.op_kernel.block_attn_res_prepare import KERNEL as PREPARE_KERNEL
+    from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
+
+    if not (PREPARE_KERNEL.has_native and UPDATE_KERNEL.has_native):
+        return "python"
+    return kernel_path()
+
+
+def prepare_traffic(tokens: int, blocks: int, readers: int, hidden: int) -> int:
+    """Prepare's minimum traffic in float32 elements: block_res read, numerator, logit_max and exp_sum written."""
+    return blocks * tokens * hidden + readers * tokens * hidden + 2 * readers * tokens
+
+
+def update_traffic(tokens: int, hidden: int, delta_size: int = 4) -> int:
+    """Update's minimum traffic in bytes: partial_block, numerator (float32), delta read, partial_block (float32)
+    and h (delta's dtype) written, logit_max and exp_sum read."""
+    return tokens * hidden * (3 * 4 + 2 * delta_size) + 2 * tokens * 4
+
+
+def block_traffic(tokens: int, blocks: int, hidden: int, reads: int) -> dict[str, int]:
+    """The traffic model of one block in float32 elements, counting [T, D] planes: per-layer, each read adds its
+    delta to live (3 planes) and reads N snapshots and live and writes h (N + 2); two-phase, one prepare
+    (N in, R out) and R updates (5 planes each)."""
+    plane = tokens * hidden
+    return {"block-per-layer": reads * (blocks + 5) * plane, "block-two-phase": (blocks + 6 * reads) * plane}
+
+
+def compiled_op(op, **attributes):
+    """`op` under torch.compile(backend="attnres_ge") with a fresh dynamo cache (as _op_graph)."""
+    torch._dynamo.reset()
+    return torch.compile(functools.partial(op, **attributes), backend="attnres_ge", fullgraph=True, dynamic=False)
+
+
+class TwoPhaseCase:
+    """Inputs of block_attn_res_prepare and block_attn_res_update at one (T, N, S, D), all float32, and each
+    provider's call ("forward": the ops are inference-only)."""
+
+    directions = ("forward",)
+    dtype = torch.float32
+
+    def __init__(self, shape: tuple[int, int, int, int], seed: int = 0):
+        tokens, blocks, readers, hidden = shape
+        generator = torch.Generator().manual_seed(seed)
+        self.shape = shape
+        self.block_res = torch.randn(tokens, blocks, hidden, generator=generator)
+        self.valid_blocks = torch.tensor([blocks], dtype=torch.uint64)
+        self.pseudo_query = 0.5 * torch.randn(readers, hidden, generator=generator) / hidden**0.5
+        self.partial = torch.randn(tokens, hidden, generator=generator)
+        self.delta = torch.randn(tokens, hidden, generator=generator)
+        self.state = torch.ops.attnres.block_attn_res_prepare(self.block_res, self.valid_blocks, self.pseudo_query,
+                                                              eps=NORM_EPS)
+
+    def copy_elements(self) -> int:
+        tokens, blocks, _, hidden = self.shape
+        return tokens * blocks * hidden  # block_res's size
+
+    def provider_traffic(self, direction: str, provider: str) -> int:
+        tokens, blocks, readers, hidden = self.shape
+        if provider.startswith("prepare"):
+            return 4 * prepare_traffic(tokens, blocks, readers, hidden)
+        return update_traffic(tokens, hidden)
+
+    def path(self, provider: str) -> str:
+        return two_phase_path()
+
+    def provider(self, name: str) -> dict[str, Callable[[], object]]:
+        ops = torch.ops.attnres
+        op_name, mode = name.split("-")
+        op = getattr(ops, f"block_attn_res_{op_name}")
+        call = functools.partial(op, eps=NORM_EPS) if mode == "eager" else compiled_op(op, eps=NORM_EPS)
+        if op_name == "prepare":
+            arguments = (self.block_res, self.valid_blocks, self.pseudo_query)
+        else:  # the first reader's slot; partial is updated in place, call after call
+            arguments = (self.partial, self.delta, self.pseudo_query[0], *(part[0] for part in self.state))
+        return {"forward": functools.partial(call, *arguments)}
+
+
+class BlockCase:
+    """One block of a model at (T, N, D, R): N sealed snapshots and R reads before the next seal, each read after
+    a sublayer's output (delta) is added to the live stream; all float32.
+
+    block-per-layer: per read, live += delta, then torch.ops.attnres.block_attention_residuals (no backward stats).
+    block-two-phase: one block_attn_res_prepare for the R readers, then per read one block_attn_res_update (which
+    adds the delta itself)."""
+
+    directions = ("forward",)
+    dtype = torch.float32
+
+    def __init__(self, shape: tuple[int, int, int, int], seed: int = 0):
+        tokens, blocks, hidden, reads = shape
+        generator = torch.Generator().manual_seed(seed)
+        self.shape = shape
+        self.snapshots = torch.randn(tokens, blocks, hidden, generator=generator)
+        self.valid_blocks = torch.tensor([blocks], dtype=torch.uint64)
+        self.live = torch.randn(tokens, hidden, generator=generator)
+        self.deltas = [torch.randn(tokens, hidden, generator=generator) for _ in range(reads)]
+        self.proj_weights = [0.5 * torch.randn(1, hidden, generator=generator) / hidden**0.5 for _ in range(reads)]
+        self.norm_weights = [1 + 0.2 * torch.randn(hidden, generator=generator) for _ in range(reads)]
+        self.pseudo_queries = torch.stack([n * p.reshape(-1) for n, p in zip(self.norm_weights, self.proj_weights,
+                                                                              strict=True)])
+
+    def copy_elements(self) -> int:
+        tokens, blocks, hidden, _ = self.shape
+        return tokens * blocks * hidden  # the snapshots' size
+
+    def provider_traffic(self, direction: str, provider: str) -> int:
+        return 4 * block_traffic(*self.shape)[provider]
+
+    def path(self, provider: str) -> str:
+        return kernel_path() if provider == "block-per-layer" else two_phase_path()
+
+    def provider(self, name: str) -> dict[str, Callable[[], object]]:
+        return {"forward": self._per_layer_reads if name == "block-per-layer" else self._two_phase_reads}
+
+    def _per_layer_reads(self) -> list[torch.Tensor]:
+        read = torch.ops.attnres.block_attention_residuals
+        outputs = []
+        for delta, proj_weight, norm_weight in zip(self.deltas, self.proj_weights, self.norm_weights, strict=True):
+            self.live.add_(delta)
+            outputs.append(read(self.live, self.snapshots, proj_weight, norm_weight, -1, NORM_EPS, False)[0])
+        return outputs
+
+    def _two_phase_reads(self) -> list[torch.Tensor]:
+        ops = torch.ops.attnres
+        numerator, logit_max, exp_sum = ops.block_attn_res_prepare(self.snapshots, self.valid_blocks,
+                                                                   self.pseudo_queries, eps=NORM_EPS)
+        return [ops.block_attn_res_update(self.live, delta, query, numerator[slot], logit_max[slot], exp_sum[slot],
+                                          eps=NORM_EPS)
+                for slot, (delta, query) in enumerate(zip(self.deltas, self.pseudo_queries, strict=True))]
+
+
 # ---------------------------------------------------------------------------- timing
 
 
@@ -326,10 +508,14 @@ def disturbance(call_times: list[float], copy_gbps: float, quiet_gbps: float,
 def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, providers, rounds: int, retries: int = 2,
             log=print) -> list[Measurement]:
     """Every provider's forward, then backward, timed in shared rounds; rounds run again while disturbed."""
-    dtype = DTYPES[dtype_name]
-    case = Case(shape, dtype)
-    tokens, blocks, hidden = shape
-    source = torch.randn(tokens * (blocks + 1) * hidden).to(dtype)  # the value stack's size
+    return measure_case(Case(shape, DTYPES[dtype_name]), shape_name, dtype_name, providers, rounds, retries, log)
+
+
+def measure_case(case, shape_name: str, dtype_name: str, providers, rounds: int, retries: int = 2,
+                 log=print) -> list[Measurement]:
+    """measure() for any case (Case, TwoPhaseCase, BlockCase): each of its directions timed in shared rounds
+    against a copy of case.copy_elements() elements, rounds run again while disturbed."""
+    source = torch.randn(case.copy_elements()).to(case.dtype)
     target = torch.empty_like(source)
     copy_bytes = 2 * source.nbytes
     copy = functools.partial(target.copy_, source)
@@ -341,8 +527,7 @@ def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, provi
             log(f"  {provider}: unavailable ({type(error).__name__}: {error})")
     results = []
     quiet = 0.0
-    path = kernel_path()
-    for direction in ("forward", "backward"):
+    for direction in case.directions:
         calls = {provider: both[direction] for provider, both in available.items()}
         for attempt in range(1, retries + 2):
             quiet = max(quiet, quiet_copy_gbps(copy, copy_bytes))  # the quietest the host was seen this case
@@ -356,8 +541,8 @@ def measure(shape_name: str, shape: tuple[int, int, int], dtype_name: str, provi
             if not disturbed:
                 break
             log(f"  {direction} rounds disturbed (attempt {attempt} of {retries + 1}): " + " | ".join(disturbed))
-        traffic = case.traffic(direction)
         for provider, (call_times, copy_gbps, faults, reason) in rows.items():
+            traffic, path = case.provider_traffic(direction, provider), case.path(provider)
             median = statistics.median(call_times)
             gbps = traffic / median / 1e9
             measurement = Measurement(shape_name, dtype_name, provider, direction, median * 1e3,
@@ -578,7 +763,8 @@ def plot(results: list[Measurement], path: str) -> bool:
         row[0].set_title(f"{name}: time per call")
         _speedup_bars(row[1], group)
         row[1].set_title(f"{name}: speedup of our ops")
-        _bars(row[2], [m for m in group if m.provider in (*OUR_PROVIDERS, READ)], lambda m: 100 * m.fraction_of_copy,
+        ours = (*OUR_PROVIDERS, READ, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS)
+        _bars(row[2], [m for m in group if m.provider in ours], lambda m: 100 * m.fraction_of_copy,
               "% of paired copy")
         row[2].axhline(100, color="grey", linewidth=0.8, linestyle="--")
         row[2].set_title(f"{name}: fraction of the paired copy")
@@ -639,16 +825,39 @@ def named_shape(text: str) -> tuple[str, tuple[int, int, int]]:
     return f"T{tokens}_N{blocks}_H{hidden}", (tokens, blocks, hidden)
 
 
+def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
+    """The per-layer op's shapes of the run; sets args.two_phase_shapes and args.block_shapes. Named shapes
+    pick their suite; with neither --shapes nor --shape, every suite's default shapes; --all-blocks adds every
+    block shape."""
+    default = [*SHAPES, *TWO_PHASE_SHAPES, *DEFAULT_BLOCK_SHAPES]
+    names = list(args.shapes or ([] if args.shape else default))
+    if args.all_blocks:
+        names += list(BLOCK_SHAPES)
+    args.two_phase_shapes = {name: TWO_PHASE_SHAPES[name] for name in names if name in TWO_PHASE_SHAPES}
+    args.block_shapes = {name: BLOCK_SHAPES[name] for name in names if name in BLOCK_SHAPES}
+    shapes = {name: SHAPES[name] for name in names if name in SHAPES}
+    shapes.update(args.shape)
+    return shapes
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES), metavar="NAME",
-                        help=f"named shapes to time: {', '.join(SHAPES)} (default: all, unless --shape is given)")
+    parser.add_argument("--shapes", nargs="+", default=None, choices=[*SHAPES, *TWO_PHASE_SHAPES, *BLOCK_SHAPES],
+                        metavar="NAME",
+                        help=f"named shapes to time: the per-layer op's {', '.join(SHAPES)} (T_N_H); the two-phase "
+                             f"ops' {', '.join(TWO_PHASE_SHAPES)} (T_N_S_D); blocks block_T{{4096,16,1}}_N{{8,32}}_"
+                             f"D{{2048,7168}}_R{BLOCK_READS} (default: all per-layer and two-phase shapes and the "
+                             f"blocks {', '.join(DEFAULT_BLOCK_SHAPES)}, unless --shape is given)")
+    parser.add_argument("--all-blocks", action="store_true",
+                        help=f"also time every block shape ({len(BLOCK_SHAPES)}), not only the chosen ones")
     parser.add_argument("--shape", action="append", type=named_shape, default=[], metavar="T,N,H",
                         help="a shape of your own (tokens, blocks, hidden); repeat for several")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES),
                         help="dtypes to time (default: float32 bfloat16)")
-    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS),
-                        metavar="PROVIDER", help=f"what to time: {', '.join(PROVIDERS)} (default: all)")
+    parser.add_argument("--providers", nargs="+", default=list(ALL_PROVIDERS), choices=list(ALL_PROVIDERS),
+                        metavar="PROVIDER", help=f"what to time: the per-layer op's {', '.join(PROVIDERS)}; the "
+                                                 f"two-phase ops' {', '.join(TWO_PHASE_PROVIDERS)}; a block's "
+                                                 f"{', '.join(BLOCK_PROVIDERS)} (default: all)")
     parser.add_argument("--paths", nargs="+", default=None, metavar="PATH",
                         help="instruction set paths of the native kernels to time, one after the other in this run "
                              f"(scalar, avx2, avx512, avx512bf16, or {ALL_PATHS}: every path this CPU runs; "
@@ -667,8 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    shapes = {name: SHAPES[name] for name in (args.shapes or ([] if args.shape else list(SHAPES)))}
-    shapes.update(args.shape)
+    shapes = select_shapes(args)
 
     import attnres_ge  # noqa: F401  (registers the torch ops)
 
@@ -676,13 +884,14 @@ def main(argv: list[str] | None = None) -> int:
         paths = paths_to_time(args.paths)
     except ValueError as error:
         build_parser().error(str(error))
-    results, overheads = [], []
+    results, overheads, blocks = [], [], []
     about = machine()
     print(f"machine: {about}")
-    for path in paths or [None]:
-        path_results, path_overheads = time_on_path(path, shapes, args)
+    for index, path in enumerate(paths or [None]):
+        path_results, path_overheads, path_blocks = time_on_path(path, shapes, args, later_path=index > 0)
         results += path_results
         overheads += path_overheads
+        blocks += path_blocks
     ratios = speedups(results)
     for row in ratios:
         if row["provider"] in OUR_PROVIDERS and row["against"] not in OUR_PROVIDERS:
@@ -700,18 +909,21 @@ def main(argv: list[str] | None = None) -> int:
     goals = goal_rows(results, shapes)
     if goals:
         print("\n".join(goal_table(goals)))
+    if blocks:
+        print("\n".join(block_table(blocks)))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
-                       "speedups": ratios, "overheads": overheads, "goals": goals}, handle, indent=1)
+                       "speedups": ratios, "overheads": overheads, "goals": goals, "blocks": blocks}, handle,
+                      indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {args.plot}" if plot(results, args.plot) else "--plot needs matplotlib; no chart written")
     return 0
 
 
-def time_on_path(path: str | None, shapes: dict[str, tuple[int, int, int]],
-                 args: argparse.Namespace) -> tuple[list[Measurement], list[dict]]:
+def time_on_path(path: str | None, shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace,
+                 later_path: bool = False) -> tuple[list[Measurement], list[dict], list[dict]]:
     """time_cases with the native kernels on `path`, then back on the path they ran on before; None: on the
     kernels as they run now."""
     if path is None:
@@ -721,27 +933,76 @@ def time_on_path(path: str | None, shapes: dict[str, tuple[int, int, int]],
     before = native.isa_path()
     native.use_isa_path(path)
     try:
-        return time_cases(shapes, args)
+        return time_cases(shapes, args, later_path)
     finally:
         native.use_isa_path(before)
 
 
-def time_cases(shapes: dict[str, tuple[int, int, int]],
-               args: argparse.Namespace) -> tuple[list[Measurement], list[dict]]:
-    """Every shape and dtype of the run on the kernels as they run now: the measurements, then the per-call
-    overheads of the short ones."""
+def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace,
+               later_path: bool = False) -> tuple[list[Measurement], list[dict], list[dict]]:
+    """Every shape and dtype of the run on the kernels as they run now: the measurements, the per-call overheads
+    of the short ones, and the block rows (block_rows). On a later path of --paths the two-phase ops are not
+    timed again while they run Python kernels (the path does not change them)."""
     from attnres_ge.op_kernel import describe_implementation
 
     print(f"kernels: {describe_implementation()}, {kernel_threads()} kernel threads, "
-          f"{torch.get_num_threads()} torch threads")
+          f"{torch.get_num_threads()} torch threads; two-phase kernels: {two_phase_path()}")
     results = []
-    for shape_name, shape in shapes.items():
-        tokens, blocks, hidden = shape
-        rounds = args.rounds or (7 if tokens * blocks * hidden >= 1 << 24 else 101)
+    providers = [name for name in args.providers if name in PROVIDERS]
+    for shape_name, shape in shapes.items() if providers else ():
+        rounds = rounds_for(shape[0] * shape[1] * shape[2], args)
         for dtype_name in args.dtypes:
             print(f"{shape_name} {dtype_name} ({rounds} rounds)")
-            results += measure(shape_name, shape, dtype_name, args.providers, rounds, args.retries)
-    return results, call_overheads(results, shapes, args.overhead_rounds)
+            results += measure(shape_name, shape, dtype_name, providers, rounds, args.retries)
+    overheads = call_overheads(results, shapes, args.overhead_rounds)
+    if not (later_path and two_phase_path() == "python"):
+        results += time_suite(TwoPhaseCase, args.two_phase_shapes, TWO_PHASE_PROVIDERS, args)
+    blocks = time_suite(BlockCase, args.block_shapes, BLOCK_PROVIDERS, args)
+    return results + blocks, overheads, block_rows(blocks)
+
+
+def rounds_for(elements: int, args: argparse.Namespace) -> int:
+    """--rounds, or 7 rounds where the snapshots hold 2^24 elements (T x N x H) or more and 101 for fewer."""
+    return args.rounds or (7 if elements >= 1 << 24 else 101)
+
+
+def time_suite(case_type, shapes: dict[str, tuple[int, ...]], suite_providers: tuple[str, ...],
+               args: argparse.Namespace) -> list[Measurement]:
+    """The two-phase ops' or the blocks' shapes (float32 only), with the --providers of this suite."""
+    providers = [name for name in args.providers if name in suite_providers]
+    results = []
+    for shape_name, shape in shapes.items() if providers else ():
+        case = case_type(shape)
+        rounds = rounds_for(case.copy_elements(), args)
+        print(f"{shape_name} float32 ({rounds} rounds)")
+        results += measure_case(case, shape_name, "float32", providers, rounds, args.retries)
+    return results
+
+
+def block_rows(results: list[Measurement]) -> list[dict]:
+    """Per block shape timed both ways (trusted only): the two-phase block's speedup over the per-layer reads,
+    beside the ratio the traffic model predicts."""
+    keyed = {(m.shape, m.provider): m for m in results if m.trusted}
+    rows = []
+    for shape in dict.fromkeys(m.shape for m in results):
+        per_layer, two_phase = keyed.get((shape, BLOCK_PROVIDERS[0])), keyed.get((shape, BLOCK_PROVIDERS[1]))
+        if per_layer is None or two_phase is None:
+            continue
+        rows.append({"shape": shape, "per_layer_path": per_layer.path, "two_phase_path": two_phase.path,
+                     "per_layer_ms": per_layer.median_ms, "two_phase_ms": two_phase.median_ms,
+                     "speedup": per_layer.median_ms / two_phase.median_ms,
+                     "traffic_ratio": per_layer.traffic_bytes / two_phase.traffic_bytes})
+    return rows
+
+
+def block_table(rows: list[dict]) -> list[str]:
+    """block_rows as printed lines."""
+    lines = ["one block (R reads between two seals), two-phase against per-layer reads:"]
+    for row in rows:
+        lines.append(f"  {row['shape']:<26} per-layer ({row['per_layer_path']}) {row['per_layer_ms']:10.3f} ms  "
+                     f"two-phase ({row['two_phase_path']}) {row['two_phase_ms']:10.3f} ms  "
+                     f"speedup {row['speedup']:6.2f}x  (traffic model {row['traffic_ratio']:.2f}x)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+import torch
 
 import attnres_ge.op_kernel
 from attnres_ge import bench
@@ -174,3 +175,79 @@ def _flags_without_help(parser: argparse.ArgumentParser, prefix: str) -> list[st
 def test_every_cli_flag_has_help():
     assert _flags_without_help(build_parser(), "attnres-ge") + _flags_without_help(bench.build_parser(),
                                                                                   "attnres-ge bench") == []
+
+
+TINY_TWO_PHASE = {"T8_N2_S3_D64": (8, 2, 3, 64)}
+TINY_BLOCKS = {"block_T8_N2_D64_R3": (8, 2, 64, 3), "block_T1_N3_D32_R2": (1, 3, 32, 2)}
+
+
+@pytest.fixture
+def tiny_suites(monkeypatch):
+    """The two-phase ops' and the blocks' named shapes, small enough for a test."""
+    monkeypatch.setattr(bench, "TWO_PHASE_SHAPES", TINY_TWO_PHASE)
+    monkeypatch.setattr(bench, "BLOCK_SHAPES", TINY_BLOCKS)
+    monkeypatch.setattr(bench, "DEFAULT_BLOCK_SHAPES", ("block_T1_N3_D32_R2",))
+
+
+def test_two_phase_providers_and_blocks_run_end_to_end(tmp_path, never_disturbed, tiny_suites, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--shapes", *TINY_TWO_PHASE, *TINY_BLOCKS, "--rounds", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    timed = {(m["shape"], m["provider"]): m for m in report["results"]}
+    expected = [(name, p) for name in TINY_TWO_PHASE for p in bench.TWO_PHASE_PROVIDERS]
+    expected += [(name, p) for name in TINY_BLOCKS for p in bench.BLOCK_PROVIDERS]
+    assert sorted(timed) == sorted(expected)  # no per-layer shape: only named shapes are timed
+    for (_, provider), m in timed.items():
+        assert m["trusted"] and m["median_ms"] > 0 and m["direction"] == "forward" and m["dtype"] == "float32"
+        runs_per_layer_op = provider == "block-per-layer"
+        assert m["path"] == (bench.kernel_path() if runs_per_layer_op else bench.two_phase_path())
+    tokens, blocks, readers, hidden = TINY_TWO_PHASE["T8_N2_S3_D64"]
+    assert timed["T8_N2_S3_D64", "prepare-eager"]["traffic_bytes"] == 4 * (8 * 2 * 64 + 8 * 3 * 64 + 2 * 3 * 8)
+    assert timed["T8_N2_S3_D64", "update-graph"]["traffic_bytes"] == 4 * (5 * 8 * 64 + 2 * 8)
+    rows = {row["shape"]: row for row in report["blocks"]}
+    assert set(rows) == set(TINY_BLOCKS)
+    for name, row in rows.items():
+        per_layer, two_phase = timed[name, "block-per-layer"], timed[name, "block-two-phase"]
+        assert row["speedup"] == pytest.approx(per_layer["median_ms"] / two_phase["median_ms"])
+        _, n, _, r = TINY_BLOCKS[name]
+        assert row["traffic_ratio"] == pytest.approx(r * (n + 5) / (n + 6 * r))
+    printed = capsys.readouterr().out
+    assert printed.count("two-phase against per-layer reads") == 1
+    assert sum("traffic model" in line and "speedup" in line for line in printed.splitlines()) == len(TINY_BLOCKS)
+
+
+def test_traffic_formulas_count_each_plane_once():
+    tokens, hidden = 4096, 2048
+    plane = tokens * hidden
+    assert bench.prepare_traffic(tokens, 8, 8, hidden) == 16 * plane + 16 * tokens
+    assert bench.update_traffic(tokens, hidden) == 4 * 5 * plane + 8 * tokens  # float32 delta and h
+    assert bench.update_traffic(tokens, hidden, delta_size=2) == (12 + 4) * plane + 8 * tokens
+    per_layer_8, two_phase_8 = bench.block_traffic(tokens, 8, hidden, 8).values()
+    assert (per_layer_8, two_phase_8) == (104 * plane, 56 * plane)
+    ratio_32 = bench.block_traffic(1, 32, hidden, 8)["block-per-layer"] / bench.block_traffic(1, 32, hidden, 8)[
+        "block-two-phase"]
+    assert ratio_32 == pytest.approx(296 / 80)  # issue 23: about 2x (N=8) to 4x (N=32) fewer bytes
+
+
+def test_block_reads_agree_both_ways():
+    """The two providers of a block compute the same reads (so the bench times one computation two ways)."""
+    shape = (5, 3, 48, 4)
+    per_layer = bench.BlockCase(shape).provider("block-per-layer")["forward"]()
+    two_phase = bench.BlockCase(shape).provider("block-two-phase")["forward"]()
+    assert len(per_layer) == len(two_phase) == 4
+    for left, right in zip(per_layer, two_phase, strict=True):
+        torch.testing.assert_close(right, left, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("argv", "two_phase", "blocks"), [
+    ([], list(TINY_TWO_PHASE), ["block_T1_N3_D32_R2"]),  # every suite's default
+    (["--all-blocks"], list(TINY_TWO_PHASE), list(TINY_BLOCKS)),
+    (["--shape", "4,1,16"], [], []),  # a per-layer shape alone times nothing else
+    (["--shapes", "block_T8_N2_D64_R3"], [], ["block_T8_N2_D64_R3"]),
+])
+def test_named_shapes_pick_their_suite(argv, two_phase, blocks, tiny_suites):
+    args = bench.build_parser().parse_args(argv)
+    per_layer = bench.select_shapes(args)
+    assert list(args.two_phase_shapes) == two_phase and sorted(args.block_shapes) == sorted(blocks)
+    assert list(per_layer) == (list(bench.SHAPES) if not argv or argv == ["--all-blocks"] else
+                               ["T4_N1_H16"] if "--shape" in argv else [])
