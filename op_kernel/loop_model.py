@@ -92,7 +92,10 @@ def compile_to_assembly(path: str, out_dir: Path, compiler: str = "g++") -> Path
     command = [compiler, *build_flags(), "-S", "-o", str(target), str(source)]
     if shutil.which("nice"):
         command = ["nice", *command]
-    subprocess.run(command, check=True)
+    # GCC 12's -Wall warns about its own AVX-512 intrinsics (uninitialised __Y); the build sees those too.
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {source.name} failed:\n{result.stderr[-4000:]}")
     return target
 
 
@@ -115,6 +118,8 @@ class Loop:
     label: str  # the label the trace started from
     instructions: list[Instruction]
     prefetching: bool  # whether the trace took the branches that prefetch
+    items: list = dataclasses.field(repr=False, default_factory=list)  # the function's labels and instructions
+    position: int = 0  # where in items the trace's first block starts
 
     def count(self, pattern: str) -> int:
         regex = re.compile(pattern)
@@ -178,21 +183,25 @@ def read_functions(assembly: Path) -> list[tuple[str, list]]:
     return functions
 
 
-def basic_blocks(items: list) -> tuple[list[Block], dict[str, int]]:
+def basic_blocks(items: list) -> tuple[list[Block], dict[str, int], list[int]]:
+    """The function's basic blocks, the block of each label, and where in items each block starts."""
     blocks: list[Block] = []
+    starts: list[int] = []
     where: dict[str, int] = {}
     current: Block | None = None
-    for kind, value in items:
+    for position, (kind, value) in enumerate(items):
         if kind == "label":
             if current is None or current.instructions:
                 current = Block([], [], [])
                 blocks.append(current)
+                starts.append(position)
             current.labels.append(value)
             where[value] = len(blocks) - 1
             continue
         if current is None:
             current = Block([], [], [])
             blocks.append(current)
+            starts.append(position)
         current.instructions.append(value)
         if value.text.startswith(("j", "ret")):
             current = None
@@ -205,10 +214,10 @@ def basic_blocks(items: list) -> tuple[list[Block], dict[str, int]]:
             block.successors = ([where[target]] if target in where else []) + [index + 1]
         elif not last.startswith("ret") and index + 1 < len(blocks):
             block.successors = [index + 1]
-    return blocks, where
+    return blocks, where, starts
 
 
-def _reach(blocks: list[Block], start: int, edges, stop: int | None = None) -> set[int]:
+def _reach(start: int, edges, stop: int | None = None) -> set[int]:
     seen, todo = {start}, [start]
     while todo:
         node = todo.pop()
@@ -272,7 +281,7 @@ def trace(blocks: list[Block], header: int, body: set[int], prefetch: bool) -> l
     return None
 
 
-def hot_cycles(assembly: Path) -> list[Loop]:
+def hot_cycles(functions: list[tuple[str, list]]) -> list[Loop]:
     """Every inner loop of every function along its common path, with and without its optional prefetches.
 
     A loop is found by a branch back to an earlier label (its header); its body is every block the header
@@ -280,12 +289,12 @@ def hot_cycles(assembly: Path) -> list[Loop]:
     path, so rare code (NaN handling) that the compiler placed inside or outside the loop is left out, and
     a walk from an outer loop's header that runs into an inner loop keeps the inner loop. Each distinct
     trip is one Loop."""
-    functions = read_functions(assembly)
     names = demangle([name for name, _ in functions])
     loops: list[Loop] = []
     for name, (_, items) in zip(names, functions, strict=True):
-        blocks, where = basic_blocks(items)
-        predecessors: dict[int, list[int]] = collections.defaultdict(list)
+        blocks, where, starts = basic_blocks(items)
+        successors = [block.successors for block in blocks]
+        predecessors: list[list[int]] = [[] for _ in blocks]
         for index, block in enumerate(blocks):
             for successor in block.successors:
                 predecessors[successor].append(index)
@@ -297,8 +306,8 @@ def hot_cycles(assembly: Path) -> list[Loop]:
             target = where.get(last.split()[-1])
             if target is None or target > index:
                 continue
-            forward = _reach(blocks, target, lambda n: blocks[n].successors)
-            backward = _reach(blocks, index, lambda n: predecessors[n], stop=target)
+            forward = _reach(target, successors.__getitem__)
+            backward = _reach(index, predecessors.__getitem__, stop=target)
             body = (forward & backward) | {target}
             for prefetch in (True, False):
                 path = trace(blocks, target, body, prefetch)
@@ -312,8 +321,8 @@ def hot_cycles(assembly: Path) -> list[Loop]:
                 took = any(_has_prefetch(blocks[n]) for n in path)
                 if not prefetch and not took and tuple(sorted(path)) + (True,) in seen:
                     continue  # no prefetch to skip: the same trip as the prefetching one
-                loops.append(Loop(name, blocks[path[0]].labels[0] if blocks[path[0]].labels else "", instructions,
-                                  took))
+                label = blocks[path[0]].labels[0] if blocks[path[0]].labels else ""
+                loops.append(Loop(name, label, instructions, took, items, starts[path[0]]))
     return loops
 
 
@@ -344,6 +353,8 @@ class LoopSpec:
         return dtype in self.dtypes
 
 
+RUN_END_NAME = "add_runs run end"
+
 SPECS = (
     LoopSpec("forward", "pass 1", "dot_lanes_k", "kernel_loops.h", "inline void dot_lanes_k(",
              "for (; h + kLanes <= h1; h += kLanes) {", dtypes=("float32",)),
@@ -360,12 +371,62 @@ SPECS = (
 )
 
 
+# The end of a float32 run in add_runs (once per kRunGroups inner iterations): each row's two run sums
+# widened to float64 and added into its lanes. Straight-line code after the inner loop, found by its lines.
+RUN_END = ("kernel_loops.h", "if (h % kRunElements == 0 || h == hidden)", "x_sums[r] = w_sums[r] = vzero();")
+KERNEL_FILES = ("kernel_loops.h", "forward_kernel.h", "backward_kernel.h")
+
+
+def run_groups() -> int:
+    """kRunGroups of kernel_loops.h: the groups of one float32 run."""
+    match = re.search(r"constexpr int64_t kRunGroups = (\d+);", (CSRC / "kernel_loops.h").read_text())
+    if match is None:
+        raise RuntimeError("kRunGroups not found in kernel_loops.h")
+    return int(match.group(1))
+
+
+def run_end_block(loop: Loop) -> Loop | None:
+    """The run end of the add_runs whose inner loop is `loop`: the straight-line code round the first
+    instruction of the run end's body lines after the loop (or, failing that, in the function). It reaches
+    back and forward over instructions of other files (the intrinsics', simd_*.h's: inlined into it) and
+    labels no branch targets (the debug information's), up to a branch target or another line of the
+    kernels' files."""
+    file, first_text, last_text = RUN_END
+    lines = (CSRC / file).read_text().splitlines()
+    first = next(n for n, text in enumerate(lines) if first_text in text) + 2  # the line after the `if`
+    last = next(n for n, text in enumerate(lines[first:], first) if last_text in text) + 1
+    items = loop.items
+    targets = {item[1].text.split()[-1] for item in items if item[0] == "insn" and item[1].text.startswith("j")}
+
+    def in_body(item) -> bool:
+        return item[0] == "insn" and item[1].file == file and first <= item[1].line <= last
+
+    def foreign(item) -> bool:  # part of the block, whatever its line
+        if item[0] == "label":
+            return item[1] not in targets
+        return item[1].file not in KERNEL_FILES or item[1].line == 0
+
+    for start_at in (loop.position, 0):
+        begin = next((n for n in range(start_at, len(items)) if in_body(items[n])), None)
+        if begin is not None:
+            break
+    else:
+        return None
+    while begin > 0 and foreign(items[begin - 1]):
+        begin -= 1
+    end = begin
+    while end < len(items) and (in_body(items[end]) or foreign(items[end])):
+        end += 1
+    region = [item[1] for item in items[begin:end] if item[0] == "insn"]
+    return Loop(loop.function, "", region, False, items, begin)
+
+
 def rows_per_call(spec: LoopSpec, rows: int) -> int:
     """How many rows one call of the loop handles at the shape's N + 1 rows (for_row_groups, grad_tile)."""
     if spec.name == "dot_lanes_k":
         groups = -(-rows // 4)  # kDotRows
         return -(-rows // groups)
-    if spec.name == "add_runs":
+    if spec.name.startswith("add_runs"):
         groups = -(-rows // 9)  # kRunRows
         return -(-rows // groups)
     if spec.name == "grad_rows":
@@ -380,6 +441,8 @@ def elements_per_iteration(spec: LoopSpec, dtype: str, rows: int, loop: Loop | N
         return 16 if loop is not None and loop.count(r"^prefetcht1\b") == 1 else 64
     if spec.name == "grad_rows":
         return rows_per_call(spec, rows) * 16 * (2 if DTYPE_SIZE[dtype] == 2 else 1)
+    if spec.name == RUN_END_NAME:
+        return rows_per_call(spec, rows) * 16 * run_groups()
     return rows_per_call(spec, rows) * 16
 
 
@@ -464,6 +527,11 @@ class Model:
     bound: str  # what binds: the busiest resource and its load, or the dependency chain
     top_instructions: list[tuple[str, float]]  # the busiest resource's largest users (mnemonic, cycles)
     report: str
+    unmodelled: list[str] = dataclasses.field(default_factory=list)  # mnemonics with a placeholder latency
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.unmodelled)
 
 
 def mca_input(loop: Loop) -> str:
@@ -511,7 +579,23 @@ def parse_mca(report: str) -> Model:
                 mnemonic = parts[len(heads)]
                 usage[mnemonic] += 0.0 if value == "-" else float(value)
             top = [(m, c) for m, c in usage.most_common(4) if c > 0]
-    return Model(per_iteration, rthroughput, bound, top, report)
+    # llvm-mca's models give an instruction they have no data for a placeholder latency of 100 cycles (LLVM 14's
+    # znver1/znver2 do so for vcvtph2ps/vcvtps2ph on ymm): such a loop's figure says nothing about the CPU.
+    unmodelled = sorted(_placeholder_latencies(report))
+    return Model(per_iteration, rthroughput, bound, top, report, unmodelled)
+
+
+def _placeholder_latencies(report: str) -> set[str]:
+    """Mnemonics of the Instruction Info view whose latency is 100 cycles or more."""
+    info = report.split("Instruction Info:", 1)
+    if len(info) < 2:
+        return set()
+    found = set()
+    for row in info[1].split("\n\n", 2)[1].splitlines()[1:]:
+        match = re.match(r"^\s*(\d+)\s+(\d+)\s+[\d.]+\s+(?:[*U]\s+)*(\S+)", row)
+        if match and int(match.group(2)) >= 100:
+            found.add(match.group(3))
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -527,6 +611,9 @@ class Row:
     loop: Loop | None
     models: dict[str, Model]
 
+    def flagged(self, cpu: str) -> bool:
+        return cpu in self.models and self.models[cpu].flagged
+
     def cycles_per_element(self, cpu: str, rows: int) -> float | None:
         model = self.models.get(cpu)
         if model is None:
@@ -536,13 +623,17 @@ class Row:
 
 def hot_loops(path: str, assembly: Path, dtypes=DTYPES, rows: int = DEFAULT_ROWS) -> list[Row]:
     """The hot loops of one path's assembly (no modelling yet): one Row per op, pass and dtype."""
-    loops = hot_cycles(assembly)
+    loops = hot_cycles(read_functions(assembly))
     result = []
     for spec in SPECS:
         for dtype in dtypes:
             if not spec.runs_for(dtype):
                 continue
-            result.append(Row(path, spec.op, dtype, spec, find_hot_loop(loops, spec, dtype, rows), {}))
+            loop = find_hot_loop(loops, spec, dtype, rows)
+            result.append(Row(path, spec.op, dtype, spec, loop, {}))
+            if spec.name == "add_runs":
+                end = dataclasses.replace(spec, name=RUN_END_NAME)
+                result.append(Row(path, spec.op, dtype, end, run_end_block(loop) if loop else None, {}))
     return result
 
 
@@ -564,7 +655,7 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
         print("|---|---|---|---|---|" + "---|" * len(cpus), file=out)
         for r in path_rows:
             insns = len(r.loop.instructions) if r.loop else "not found"
-            cells = [fmt(r.cycles_per_element(c, rows)) for c in cpus]
+            cells = [fmt(r.cycles_per_element(c, rows)) + ("!" if r.flagged(c) else "") for c in cpus]
             print(f"| {r.op} | {r.dtype} | {r.spec.pass_} `{r.spec.name}` | {insns} | "
                   f"{elements_per_iteration(r.spec, r.dtype, rows, r.loop)} | " + " | ".join(cells) + " |", file=out)
         print("\n| op | dtype | bytes/elem | memory c/elem | " + " | ".join(f"{c} c/elem (% mem)" for c in cpus)
@@ -583,9 +674,14 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
                         cells.append("-")
                         continue
                     total = sum(values)
-                    cells.append(f"{total:.2f} ({min(100.0, 100 * memory / total):.0f}%)")
+                    mark = "!" if any(r.flagged(c) for r in parts) else ""
+                    cells.append(f"{total:.2f}{mark} ({min(100.0, 100 * memory / total):.0f}%)")
                 print(f"| {op} | {dtype} | {bytes_per_element(op, dtype, rows):.2f} | {memory:.2f} | "
                       + " | ".join(cells) + " |", file=out)
+        flagged = sorted({(c, m) for r in path_rows for c, model in r.models.items() for m in model.unmodelled})
+        if flagged:
+            print("\n!: llvm-mca has no figures for " + "; ".join(f"{m} on {c}" for c, m in flagged)
+                  + " (a placeholder latency of 100 cycles): those figures are not the CPU's.", file=out)
 
 
 def print_bounds(rows_by_path: dict[str, list[Row]], out=sys.stdout) -> None:
