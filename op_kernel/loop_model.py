@@ -189,8 +189,12 @@ def basic_blocks(items: list) -> tuple[list[Block], dict[str, int], list[int]]:
     starts: list[int] = []
     where: dict[str, int] = {}
     current: Block | None = None
+    # Only labels that branches target start blocks (the debug information's .LVL/.LBB labels do not).
+    targets = {v.text.split()[-1] for k, v in items if k == "insn" and v.text.startswith("j")}
     for position, (kind, value) in enumerate(items):
         if kind == "label":
+            if value not in targets:
+                continue
             if current is None or current.instructions:
                 current = Block([], [], [])
                 blocks.append(current)
@@ -240,6 +244,19 @@ def _is_mask_test(block: Block) -> bool:
     return any(_MASK_TEST.match(i.text) for i in block.instructions[-4:])
 
 
+def _all_clear_side(block: Block, jump: str) -> int | None:
+    """For a branch on a NaN or subnormal check, the index in block.successors of the side taken when the check
+    finds nothing: a vector mask tested for zero (je: taken, jne: not), or an unordered comparison's parity
+    (jp: not taken, jnp: taken). None for any other branch."""
+    if len(block.successors) != 2:
+        return None
+    if _is_mask_test(block) and jump in ("je", "jz", "jne", "jnz"):
+        return 0 if jump in ("je", "jz") else 1
+    if jump in ("jp", "jnp"):
+        return 0 if jump == "jnp" else 1
+    return None
+
+
 def _has_prefetch(block: Block) -> bool:
     return any(_PREFETCH.match(i.text) for i in block.instructions)
 
@@ -257,15 +274,14 @@ def trace(blocks: list[Block], header: int, body: set[int], prefetch: bool) -> l
         inside = [s for s in block.successors if s in body or s == header]
         if not inside:
             return None
+        jump = block.instructions[-1].text.split()[0] if block.instructions else ""
+        clear = _all_clear_side(block, jump)
+        if clear is not None and block.successors[clear] not in inside:
+            return None  # this loop is the rare path's (its branch back comes from the NaN code)
         if len(inside) == 2:
             taken, fall = inside
-            jump = block.instructions[-1].text.split()[0]
-            if _is_mask_test(block) and jump in ("je", "jz", "jne", "jnz"):
-                node = taken if jump in ("je", "jz") else fall
-            elif jump == "jp":
-                node = fall
-            elif jump == "jnp":
-                node = taken
+            if clear is not None:
+                node = block.successors[clear]
             elif _has_prefetch(blocks[fall]) != _has_prefetch(blocks[taken]):
                 node = fall if _has_prefetch(blocks[fall]) == prefetch else taken
             elif taken <= node:  # a loop's branch back: loops loop (a walk from an outer loop stays inside)
@@ -737,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path:10} {r.op:8} {r.dtype:8} {r.spec.pass_} {r.spec.name:19} "
                       f"{len(r.loop.instructions):4} instructions  in {r.loop.function[:100]}")
                 continue
-            stem = f"{path}-{r.op}-{r.dtype}-{r.spec.name}"
+            stem = f"{path}-{r.op}-{r.dtype}-{r.spec.name}".replace(" ", "_")
             if args.dump:
                 (work / f"{stem}.s").write_text(mca_input(r.loop))
             for cpu in cpus:
