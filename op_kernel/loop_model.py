@@ -46,8 +46,12 @@ DTYPE_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # How the dtypes are spelled in the kernels' template arguments.
 DTYPE_CXX = {"float32": "float", "bfloat16": "attnres::BF16", "float16": "attnres::FP16"}
 AVX2_CPUS = ("znver1", "znver2", "znver3", "skylake", "icelake-server", "sapphirerapids")
+# Not an llvm-mca model: znver1's figure with Zen 1's 256-bit split counted in (zen1_split), which LLVM 14's
+# znver1 model leaves out (it issues a 256-bit FMA as one micro-op, two per cycle, as on Zen 2).
+ZEN1_SPLIT = "zen1-split"
 AVX512_CPUS = ("skylake-avx512", "icelake-server", "sapphirerapids")
-CPUS_FOR_PATH = {"scalar": AVX2_CPUS, "avx2": AVX2_CPUS, "avx512": AVX512_CPUS, "avx512bf16": AVX512_CPUS}
+WITH_SPLIT = AVX2_CPUS[:1] + (ZEN1_SPLIT,) + AVX2_CPUS[1:]
+CPUS_FOR_PATH = {"scalar": WITH_SPLIT, "avx2": WITH_SPLIT, "avx512": AVX512_CPUS, "avx512bf16": AVX512_CPUS}
 # llvm-mca's models that cannot run a path's instructions (no AVX512-BF16 before Cooper Lake).
 UNSUPPORTED = {("avx512bf16", "skylake-avx512"), ("avx512bf16", "icelake-server")}
 
@@ -614,6 +618,50 @@ def _placeholder_latencies(report: str) -> set[str]:
     return found
 
 
+_MEMORY = re.compile(r"\(")
+_FMA_OR_MUL = re.compile(r"^v?(p?mul|fn?m(add|sub))")
+
+
+def zen1_split(loop: Loop, znver1: Model) -> Model:
+    """A bound on one iteration on Zen 1 from instruction counts: Zen 1's four floating-point pipes are 128 bits
+    wide, two of them multiply or fuse; it loads two and stores one 128-bit value per cycle (AMD's software
+    optimization guide for family 17h), so a 256-bit operation, load or store takes two slots. The larger
+    of that bound and llvm-mca's znver1 figure."""
+    counts = collections.Counter()
+    for instruction in loop.instructions:
+        mnemonic, _, operands = instruction.text.partition(" ")
+        operands = operands.strip()
+        if not mnemonic.startswith(("v", "p", "add", "sub", "mul", "cvt", "min", "max", "and", "xor", "or", "movs",
+                                    "movap", "movup", "movd", "unpck", "shuf")) or mnemonic.startswith("prefetch"):
+            continue
+        if not any(r in operands for r in ("%xmm", "%ymm")):
+            continue
+        slots = 2 if "%ymm" in operands or (mnemonic.startswith("v") and "ymm" in mnemonic) else 1
+        parts = [part.strip() for part in re.split(r",(?![^(]*\))", operands)]
+        store = bool(parts) and _MEMORY.search(parts[-1]) is not None
+        load = any(_MEMORY.search(part) for part in parts[:-1])
+        if store:
+            counts["store"] += slots
+            continue
+        if load:
+            counts["load"] += slots
+        if mnemonic.startswith(("vmovap", "vmovup", "vmovdq", "movap", "movup", "movdq", "vbroadcast")) and load:
+            continue  # a plain load: no pipe
+        counts["pipe"] += slots
+        if _FMA_OR_MUL.match(mnemonic):
+            counts["fma"] += slots
+    bounds = {
+        "FP pipes": counts["pipe"] / 4,
+        "FMA pipes": counts["fma"] / 2,
+        "loads": counts["load"] / 2,
+        "stores": counts["store"] / 1,
+    }
+    name, cycles = max(bounds.items(), key=lambda item: item[1])
+    if cycles <= znver1.cycles_per_iteration:
+        return dataclasses.replace(znver1, bound=f"as znver1 ({name} {cycles:.1f})")
+    return Model(cycles, cycles, f"{name} {cycles:.1f} (128-bit halves)", [], "", znver1.unmodelled)
+
+
 # ---------------------------------------------------------------------------
 # The table.
 
@@ -712,7 +760,7 @@ def print_bounds(rows_by_path: dict[str, list[Row]], out=sys.stdout) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="loop_model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="attnres-ge loop-model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated instruction set paths")
     parser.add_argument("--cpus", default="", help="comma-separated llvm-mca CPU models (default: per path)")
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="N + 1, the rows per token (default 9)")
@@ -757,9 +805,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.dump:
                 (work / f"{stem}.s").write_text(mca_input(r.loop))
             for cpu in cpus:
-                if (path, cpu) in UNSUPPORTED:
+                if (path, cpu) in UNSUPPORTED or cpu == ZEN1_SPLIT:
                     continue
                 r.models[cpu] = run_mca(r.loop, cpu, args.mca)
+            if ZEN1_SPLIT in cpus and "znver1" in r.models:
+                r.models[ZEN1_SPLIT] = zen1_split(r.loop, r.models["znver1"])
                 if args.dump:
                     (work / f"{stem}-{cpu}.txt").write_text(r.models[cpu].report)
         if not args.reuse and not args.work_dir:
