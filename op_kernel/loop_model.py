@@ -711,7 +711,9 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
         return "-" if value is None else f"{value:.2f}"
 
     print(f"Cycles per row element (llvm-mca model, {ITERATIONS} iterations, loads from L1), N+1 = {rows} rows; "
-          f"memory at {bandwidth_gbs:g} GB/s per core and {clock_ghz:g} GHz.", file=out)
+          f"memory at {bandwidth_gbs:g} GB/s per core and {clock_ghz:g} GHz. Per op: the passes' sum, and in brackets "
+          "that sum as a share of the memory time (over 100%: the arithmetic takes longer than the memory).",
+          file=out)
     for path, path_rows in rows_by_path.items():
         cpus = [c for c in CPUS_FOR_PATH[path] if any(c in r.models for r in path_rows)]
         print(f"\n### {path}\n", file=out)
@@ -722,8 +724,7 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
             cells = [fmt(r.cycles_per_element(c, rows)) + ("!" if r.flagged(c) else "") for c in cpus]
             print(f"| {r.op} | {r.dtype} | {r.spec.pass_} `{r.spec.name}` | {insns} | "
                   f"{elements_per_iteration(r.spec, r.dtype, rows, r.loop)} | " + " | ".join(cells) + " |", file=out)
-        print("\n| op | dtype | bytes/elem | memory c/elem | " + " | ".join(f"{c} c/elem (% mem)" for c in cpus)
-              + " |", file=out)
+        print("\n| op | dtype | bytes/elem | memory c/elem | " + " | ".join(f"{c}" for c in cpus) + " |", file=out)
         print("|---|---|---|---|" + "---|" * len(cpus), file=out)
         for op in ("forward", "backward"):
             for dtype in DTYPES:
@@ -739,10 +740,11 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
                         continue
                     total = sum(values)
                     mark = "!" if any(r.flagged(c) for r in parts) else ""
-                    cells.append(f"{total:.2f}{mark} ({min(100.0, 100 * memory / total):.0f}%)")
+                    cells.append(f"{total:.2f}{mark} ({100 * total / memory:.0f}%)")
                 print(f"| {op} | {dtype} | {bytes_per_element(op, dtype, rows):.2f} | {memory:.2f} | "
                       + " | ".join(cells) + " |", file=out)
-        flagged = sorted({(c, m) for r in path_rows for c, model in r.models.items() for m in model.unmodelled})
+        flagged = sorted({(c, m) for r in path_rows for c, model in r.models.items() for m in model.unmodelled
+                          if c != ZEN1_SPLIT})
         if flagged:
             print("\n!: llvm-mca has no figures for " + "; ".join(f"{m} on {c}" for c, m in flagged)
                   + " (a placeholder latency of 100 cycles): those figures are not the CPU's.", file=out)
