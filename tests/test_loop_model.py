@@ -1,6 +1,7 @@
 """The llvm-mca loop model (op_kernel/loop_model.py): it finds the kernels' hot loops in the assembly the build
 would produce, along their common path, and llvm-mca's report is read. The compiled checks take the `avx2`
-translation unit only (about 10 s to compile) and need g++ and llvm-mca, not an AVX2 host: nothing runs."""
+translation unit only (about 15 s on an idle core: 10 to compile, 4 to read) and need g++ and llvm-mca, not
+an AVX2 host: nothing runs."""
 
 from __future__ import annotations
 
