@@ -780,6 +780,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
         parser.error(f"--paths takes {', '.join(PATHS)}; got {', '.join(unknown)}")
+    if not (CSRC / "isa_scalar.cpp").exists():
+        print(f"loop_model: no C++ sources at {CSRC}: run it from a source checkout of attnres-ge (a wheel ships "
+              "none)", file=sys.stderr)
+        return 2
     for tool in (args.cxx,) + (() if args.list else (args.mca,)):
         if shutil.which(tool) is None:
             print(f"loop_model: {tool} is not installed (Debian: apt-get install g++ llvm)", file=sys.stderr)
