@@ -397,12 +397,17 @@ RUN_END = ("kernel_loops.h", "if (h % kRunElements == 0 || h == hidden)", "x_sum
 KERNEL_FILES = ("kernel_loops.h", "forward_kernel.h", "backward_kernel.h")
 
 
-def run_groups() -> int:
-    """kRunGroups of kernel_loops.h: the groups of one float32 run."""
-    match = re.search(r"constexpr int64_t kRunGroups = (\d+);", (CSRC / "kernel_loops.h").read_text())
+def kernel_constant(name: str) -> int:
+    """A constexpr integer of kernel_loops.h (kRunGroups, kRunRows, kDotRows), as the modelled sources set it."""
+    match = re.search(rf"constexpr int(?:64_t)? {name} = (\d+);", (CSRC / "kernel_loops.h").read_text())
     if match is None:
-        raise RuntimeError("kRunGroups not found in kernel_loops.h")
+        raise RuntimeError(f"{name} not found in kernel_loops.h")
     return int(match.group(1))
+
+
+def run_groups() -> int:
+    """kRunGroups: the groups of one float32 run."""
+    return kernel_constant("kRunGroups")
 
 
 def run_end_block(loop: Loop) -> Loop | None:
@@ -444,10 +449,10 @@ def run_end_block(loop: Loop) -> Loop | None:
 def rows_per_call(spec: LoopSpec, rows: int) -> int:
     """How many rows one call of the loop handles at the shape's N + 1 rows (for_row_groups, grad_tile)."""
     if spec.name == "dot_lanes_k":
-        groups = -(-rows // 4)  # kDotRows
+        groups = -(-rows // kernel_constant("kDotRows"))
         return -(-rows // groups)
     if spec.name.startswith("add_runs"):
-        groups = -(-rows // 9)  # kRunRows
+        groups = -(-rows // kernel_constant("kRunRows"))
         return -(-rows // groups)
     if spec.name == "grad_rows":
         return 2  # grad_tile's kRows (the odd last row takes grad_rows<1>, not modelled)
@@ -773,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", action="store_true", help="print what binds each loop")
     parser.add_argument("--dump", action="store_true", help="write each loop's llvm-mca input and report")
     parser.add_argument("--list", action="store_true", help="only list the loops found (no llvm-mca)")
+    parser.add_argument("--csrc", default="", help="model a modified copy of op_kernel/csrc (a proposal) instead")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     parser.add_argument("--mca", default="llvm-mca")
     args = parser.parse_args(argv)
@@ -780,6 +786,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
         parser.error(f"--paths takes {', '.join(PATHS)}; got {', '.join(unknown)}")
+    global CSRC
+    if args.csrc:
+        CSRC = Path(args.csrc).resolve()
     if not (CSRC / "isa_scalar.cpp").exists():
         print(f"loop_model: no C++ sources at {CSRC}: run it from a source checkout of attnres-ge (a wheel ships "
               "none)", file=sys.stderr)
