@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import csv
 import dataclasses
 import os
 import re
@@ -766,6 +767,24 @@ def print_bounds(rows_by_path: dict[str, list[Row]], out=sys.stdout) -> None:
                       f"{model.bound:28} {users}", file=out)
 
 
+CSV_FIELDS = ("path", "op", "dtype", "pass", "loop", "cpu", "instructions", "elements_per_iteration",
+              "cycles_per_iteration", "cycles_per_element", "bound", "placeholder_latency")
+
+
+def write_csv(rows_by_path: dict[str, list[Row]], rows: int, target: Path) -> None:
+    """One line per loop and CPU model (zen1-split included), for plots and diffs between commits."""
+    with open(target, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(CSV_FIELDS)
+        for path, path_rows in rows_by_path.items():
+            for r in path_rows:
+                for cpu, model in r.models.items():
+                    writer.writerow([path, r.op, r.dtype, r.spec.pass_, r.spec.name, cpu, len(r.loop.instructions),
+                                     elements_per_iteration(r.spec, r.dtype, rows, r.loop),
+                                     f"{model.cycles_per_iteration:.2f}", f"{r.cycles_per_element(cpu, rows):.4f}",
+                                     model.bound, " ".join(model.unmodelled)])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnres-ge loop-model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated instruction set paths")
@@ -778,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", action="store_true", help="print what binds each loop")
     parser.add_argument("--dump", action="store_true", help="write each loop's llvm-mca input and report")
     parser.add_argument("--list", action="store_true", help="only list the loops found (no llvm-mca)")
+    parser.add_argument("--csv", default="", help="also write one line per loop and CPU model to this file")
     parser.add_argument("--csrc", default="", help="model a modified copy of op_kernel/csrc (a proposal) instead")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     parser.add_argument("--mca", default="llvm-mca")
@@ -834,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(rows_by_path, args.rows, args.clock_ghz, args.bandwidth_gbs)
     if args.views:
         print_bounds(rows_by_path)
+    if args.csv:
+        write_csv(rows_by_path, args.rows, Path(args.csv))
     if args.work_dir:
         print(f"\nassembly{' and llvm-mca inputs/reports' if args.dump else ''} in {work}", file=sys.stderr)
     else:
