@@ -25,8 +25,9 @@ PACKAGE_SOURCES := pyproject.toml setup.py $(shell find attnres_ge op_proto op_h
 NATIVE_SOURCES := $(shell find op_kernel/csrc ge_plugin/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
 # Builds go through ninja (torch's BuildExtension uses it when `ninja` is on PATH; the venv's own ninja
 # is found first), the translation units and the two extensions in parallel, the objects kept per torch
-# version under build/torch-<version>-py<XY>/ (setup.py), so a rebuild compiles only what changed.
-IN_VENV = PATH="$(CURDIR)/$(1)/bin:$$PATH"
+# version under build/torch-<version>-py<XY>/ (setup.py), so a rebuild compiles only what changed. MAX_JOBS=8:
+# all translation units at once, so the longest (isa_scalar, sorted late) does not start last.
+IN_VENV = PATH="$(CURDIR)/$(1)/bin:$$PATH" MAX_JOBS=$${MAX_JOBS:-8}
 PURELIB = $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # $(call share_venv,NEW,BASE): NEW sees BASE's packages (torch among them) through a .pth file: no second
 # copy of torch.

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 WHICH = "import attnres_ge, attnres_ge.op_host as h; print(attnres_ge.__file__); print(h.__file__)"
 
@@ -34,7 +36,18 @@ def test_an_installed_copy_is_imported_in_place_of_the_clone(tmp_path):
     assert op_host == installed / "op_host" / "__init__.py"
 
 
+def _installed_copy() -> str | None:
+    """Where an installed (not editable) attnres_ge lies on this interpreter's path, if anywhere."""
+    from importlib.machinery import PathFinder
+
+    others = [entry for entry in sys.path if Path(entry or ".").resolve() != ROOT]
+    spec = PathFinder.find_spec("attnres_ge", others)
+    return spec.origin if spec is not None and spec.origin else None
+
+
 def test_without_an_installed_copy_the_clone_folders_are_the_subpackages():
+    if _installed_copy():  # the main suite's run on the newer torch uses the wheel (Makefile test-next)
+        pytest.skip(f"this interpreter has an installed copy ({_installed_copy()}): the premise does not hold")
     package, op_host = run_in_clone_root(None)
     assert package == ROOT / "attnres_ge" / "__init__.py"
     assert op_host == ROOT / "op_host" / "__init__.py"
