@@ -5,31 +5,71 @@
 PYTHON ?= python3
 VENV := .venv
 INTEROP_VENV := .venv-interop
-# torch is pinned: pip takes this CPU build from local disk on our machines; an unpinned
-# resolver may download a multi-GB CUDA build. torch_npu 2.13.0 pins the same torch.
-TORCH := torch==2.13.0
-TORCH_NPU := torch_npu==2.13.0
+# The releases the project is tested on; pyproject.toml declares the ranges (README "Install").
+# torch 2.13.0 is a CPU build that pip takes from local disk on our machines, 2.14.1 a CUDA build (about
+# 5.5 GB, runs on the CPU) also on local disk. torch_npu comes from PyPI; 2.14.0 requires torch 2.14.0.*,
+# which is not on disk, so it goes in with --no-deps over torch 2.14.1.
+TORCH := 2.13.0
+TORCH_NPU := 2.13.0
+TORCH_NEXT := 2.14.1
+TORCH_NPU_NEXT := 2.14.0
+NEXT_VENV := build/venv-torch-$(TORCH_NEXT)
+NEXT_INTEROP_VENV := build/venv-interop-$(TORCH_NPU_NEXT)
+WHEELS := build/wheels
+# torch_npu's own dependencies besides torch (installed by hand, since torch_npu goes in with --no-deps),
+# and what torchair imports without declaring it.
+NPU_DEPS := numpy pyyaml "protobuf>=6.31.1,<8" packaging
+# What a wheel is made of: a change to any of these rebuilds it (ninja recompiles only changed C++).
+PACKAGE_SOURCES := pyproject.toml setup.py $(shell find attnres_ge op_proto op_host op_kernel ge_plugin examples \
+	-name '*.py' -o -name '*.proto' 2>/dev/null)
+NATIVE_SOURCES := $(shell find op_kernel/csrc ge_plugin/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+# Builds go through ninja (torch's BuildExtension uses it when `ninja` is on PATH; the venv's own ninja
+# is found first), the translation units and the two extensions in parallel, the objects kept per torch
+# version under build/torch-<version>-py<XY>/ (setup.py), so a rebuild compiles only what changed. MAX_JOBS=8:
+# all translation units at once, so the longest (isa_scalar, sorted late) does not start last.
+IN_VENV = PATH="$(CURDIR)/$(1)/bin:$$PATH" MAX_JOBS=$${MAX_JOBS:-8}
+PURELIB = $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# $(call share_venv,NEW,BASE): NEW sees BASE's packages (torch among them) through a .pth file: no second
+# copy of torch.
+share_venv = $(PYTHON) -m venv $(1) && echo "$(call PURELIB,$(2))" > "$(call PURELIB,$(1))/base-venv.pth"
 
-.PHONY: demo test test-main test-interop test-wheel setup clean cann-kit cann-host cann-host-drivers
+.PHONY: demo test test-main test-next test-interop test-interop-next test-wheel setup setup-next clean \
+	cann-kit cann-host cann-host-drivers
 
 # --no-build-isolation: the native kernels are built against the torch installed just before.
-$(VENV)/.installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(VENV)
+$(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SOURCES)
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
-	$(VENV)/bin/pip install --quiet $(TORCH)
-	$(VENV)/bin/pip install --quiet --no-build-isolation -e '.[test]'
+	$(VENV)/bin/pip install --quiet torch==$(TORCH) ninja
+	$(call IN_VENV,$(VENV)) $(VENV)/bin/pip install --quiet --no-build-isolation -e '.[test]'
 	touch $@
 
-# The interop tier's own environment: installing torch_npu makes `import torch` fail unless
-# TORCH_DEVICE_BACKEND_AUTOLOAD=0, so it never shares the main one. torch_npu comes from PyPI.
-$(INTEROP_VENV)/.installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(INTEROP_VENV)
-	$(INTEROP_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
-	$(INTEROP_VENV)/bin/pip install --quiet $(TORCH) $(TORCH_NPU) "protobuf>=6.31.1,<8" packaging pytest
-	$(INTEROP_VENV)/bin/pip install --quiet --no-build-isolation --no-deps -e .
+# The main suite a second time on the newer torch, against the wheel built for it (installed, not editable:
+# the editable .venv's extensions in the source tree are built for $(TORCH)).
+$(NEXT_VENV)/.installed: pyproject.toml
+	test -x $(NEXT_VENV)/bin/python || $(PYTHON) -m venv $(NEXT_VENV)
+	$(NEXT_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
+	$(NEXT_VENV)/bin/pip install --quiet torch==$(TORCH_NEXT) ninja "protobuf>=6.31.1,<8" \
+		"pytest>=8" "hypothesis>=6.100" numpy matplotlib
 	touch $@
+
+# One wheel per torch version, built with that torch; reused by every venv of that torch.
+builder = $(if $(filter $(TORCH),$(1)),$(VENV),$(NEXT_VENV))
+$(WHEELS)/torch-%/.built: $(PACKAGE_SOURCES) $(NATIVE_SOURCES) | $(VENV)/.installed
+	rm -rf $(@D)
+	$(call IN_VENV,$(call builder,$*)) $(call builder,$*)/bin/pip wheel --quiet --no-build-isolation --no-deps \
+		. -w $(@D)
+	touch $@
+
+$(NEXT_VENV)/.attnres: $(WHEELS)/torch-$(TORCH_NEXT)/.built
+	$(NEXT_VENV)/bin/pip install --quiet --no-deps --no-index --force-reinstall $(WHEELS)/torch-$(TORCH_NEXT)/*.whl
+	touch $@
+
+$(WHEELS)/torch-$(TORCH_NEXT)/.built: $(NEXT_VENV)/.installed
 
 setup: $(VENV)/.installed
+
+setup-next: $(NEXT_VENV)/.attnres
 
 demo: setup
 	$(VENV)/bin/attnres-ge demo
@@ -37,34 +77,64 @@ demo: setup
 test-main: setup
 	$(VENV)/bin/python -m pytest tests --ignore=tests/interop -q
 
+test-next: setup-next
+	$(NEXT_VENV)/bin/python -m pytest tests --ignore=tests/interop -q
+	cd /tmp && $(CURDIR)/$(NEXT_VENV)/bin/python - < $(CURDIR)/tests/smoke/installed_wheel.py
+
+# The interop tier's own environments: installing torch_npu makes `import torch` fail unless
+# TORCH_DEVICE_BACKEND_AUTOLOAD=0, so it never shares a main one. Each takes torch, this project and the test
+# tools from its main venv through a .pth file, and adds torch_npu (from PyPI) and what it needs.
+$(INTEROP_VENV)/.installed: $(VENV)/.installed
+	rm -rf $(INTEROP_VENV)
+	$(call share_venv,$(INTEROP_VENV),$(VENV))
+	$(INTEROP_VENV)/bin/pip install --quiet --no-deps torch_npu==$(TORCH_NPU) $(NPU_DEPS)
+	touch $@
+
+$(NEXT_INTEROP_VENV)/.installed: $(NEXT_VENV)/.installed
+	rm -rf $(NEXT_INTEROP_VENV)
+	$(call share_venv,$(NEXT_INTEROP_VENV),$(NEXT_VENV))
+	$(NEXT_INTEROP_VENV)/bin/pip install --quiet --no-deps torch_npu==$(TORCH_NPU_NEXT) $(NPU_DEPS)
+	touch $@
+
 # Without network (torch_npu cannot be installed) the tier is skipped with a message,
-# except in CI, where it must run.
-test-interop:
-	@if $(MAKE) --no-print-directory $(INTEROP_VENV)/.installed; then \
-		TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(INTEROP_VENV)/bin/python -m pytest tests/interop \
+# except in CI, where it must run. $(call interop,VENV,TORCH_NPU VERSION)
+define interop
+	@if $(MAKE) --no-print-directory $(1)/.installed; then \
+		TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(1)/bin/python -m pytest tests/interop \
 			--confcutdir=tests/interop -q -p no:logging; \
 	elif [ -n "$$CI" ]; then \
-		echo "interop tier: could not install $(TORCH_NPU); CI must run this tier" >&2; exit 1; \
+		echo "interop tier: could not install torch_npu==$(2); CI must run this tier" >&2; exit 1; \
 	else \
-		echo "interop tier SKIPPED: could not install $(TORCH_NPU) (no network?); it runs in CI"; \
+		echo "interop tier SKIPPED: could not install torch_npu==$(2) (no network?); it runs in CI"; \
 	fi
+endef
+
+test-interop: setup
+	$(call interop,$(INTEROP_VENV),$(TORCH_NPU))
+
+test-interop-next: setup-next
+	$(call interop,$(NEXT_INTEROP_VENV),$(TORCH_NPU_NEXT))
 
 # The wheel, installed non-editable into a fresh venv, imported and run from /tmp and from this folder.
 # torch and the other dependencies come from $(VENV) through a .pth file (no second torch install).
-WHEEL_DIR := build/wheel
 WHEEL_VENV := build/venv-wheel
-test-wheel: setup
-	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
-	$(VENV)/bin/pip wheel --quiet --no-build-isolation --no-deps . -w $(WHEEL_DIR)
-	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
-		> "$$($(WHEEL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/main-venv.pth"
-	$(WHEEL_VENV)/bin/pip install --quiet --no-deps --no-index $(WHEEL_DIR)/*.whl
+test-wheel: $(WHEELS)/torch-$(TORCH)/.built
+	rm -rf $(WHEEL_VENV)
+	$(call share_venv,$(WHEEL_VENV),$(VENV))
+	$(WHEEL_VENV)/bin/pip install --quiet --no-deps --no-index $(WHEELS)/torch-$(TORCH)/*.whl
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python - < $(CURDIR)/tests/smoke/installed_wheel.py
 	$(WHEEL_VENV)/bin/python - < tests/smoke/installed_wheel.py
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/attnres-ge tiling --op backward --shape 64,4,256 > /dev/null
 
-test: test-main test-interop test-wheel
+# Each step reports its time (the README's figures come from these lines).
+TIMED = @start=$$(date +%s); $(MAKE) --no-print-directory $(1) || exit $$?; \
+	echo "make test: $(1) took $$(( $$(date +%s) - start )) s"
+test:
+	$(call TIMED,test-main)
+	$(call TIMED,test-interop)
+	$(call TIMED,test-wheel)
+	$(call TIMED,test-next)
+	$(call TIMED,test-interop-next)
 
 # ---- CANN host registrations (the C++ GE loads on Ascend), built and tested on this CPU against the CANN
 # source kit. The kit is read-only input: its build.sh writes only into build/cann-sim (reused between runs).
@@ -144,4 +214,4 @@ cann-host-drivers: cann-host $(CANN_DRIVER_OBJS) $(TWO_PHASE_LIB) $(TWO_PHASE_LO
 		$(TWO_PHASE_LOG_OBJ) $(CANN_SIM_LIBS)
 
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) build *.egg-info
+	rm -rf $(VENV) $(INTEROP_VENV) build *.egg-info op_kernel/*.so ge_plugin/*.so

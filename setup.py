@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
 import time
 
 from setuptools import setup
@@ -54,6 +55,10 @@ CXX_FLAGS = [
 SKIP_ENV = "ATTNRES_GE_NO_NATIVE"  # set to 1 to install without the native extensions
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_BASE = None  # build/torch-<version>-py<XY>: one build folder per torch and Python (set in _native_build)
+
+
 def _say(message: str) -> None:
     print(f"attnres-ge setup: {message}", file=sys.stderr, flush=True)
 
@@ -63,7 +68,9 @@ def _native_build():
     if os.environ.get(SKIP_ENV, "0") not in ("", "0"):
         _say(f"{SKIP_ENV} is set: skipping the native extensions; the Python kernels will be used")
         return [], {}
+    global BUILD_BASE
     try:
+        import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except Exception as error:  # torch missing or broken: not fatal
         _say(
@@ -73,10 +80,32 @@ def _native_build():
         )
         return [], {}
 
+    tag = f"torch-{torch.__version__.replace('+', '-')}-py{sys.version_info[0]}{sys.version_info[1]}"
+    BUILD_BASE = os.path.join(HERE, "build", tag)
+
     class OptionalBuildExtension(BuildExtension):
         """BuildExtension that reports and skips a failed native build instead of failing the install."""
 
         failed: set[str] = set()
+        _thread = threading.local()
+
+        # The extensions build side by side on threads (`parallel`), each in its own object folder (its own
+        # build.ninja): distutils reads self.build_temp while building one, so its value is per thread.
+        @property
+        def build_temp(self):
+            return getattr(self._thread, "build_temp", None) or self.__dict__.get("_build_temp")
+
+        @build_temp.setter
+        def build_temp(self, value):
+            self.__dict__["_build_temp"] = value
+
+        def finalize_options(self):
+            super().finalize_options()
+            # One object folder per torch and Python, kept between builds (an editable install would otherwise
+            # compile in a fresh temporary folder every time): ninja recompiles only what changed, and an
+            # editable install and a wheel built against the same torch share the objects.
+            self.build_temp = os.path.join(BUILD_BASE, "temp")
+            self.parallel = self.parallel or len(self.extensions)
 
         def build_extensions(self):
             super().build_extensions()
@@ -85,6 +114,7 @@ def _native_build():
 
         def build_extension(self, ext):
             started = time.perf_counter()
+            self._thread.build_temp = os.path.join(self.__dict__["_build_temp"], ext.name)
             try:
                 super().build_extension(ext)
             except Exception as error:  # compiler missing, unsupported flag, ...
@@ -95,6 +125,8 @@ def _native_build():
                 )
             else:
                 _say(f"built {ext.name} in {time.perf_counter() - started:.1f} s")
+            finally:
+                self._thread.build_temp = None
 
     kernels = CppExtension(
         NATIVE_MODULE,
@@ -113,4 +145,6 @@ def _native_build():
 
 
 ext_modules, cmdclass = _native_build()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+# Wheels of different torch versions built from one checkout never share a build folder (build_lib).
+options = {"build": {"build_base": BUILD_BASE}} if BUILD_BASE else {}
+setup(ext_modules=ext_modules, cmdclass=cmdclass, options=options)

@@ -1,7 +1,8 @@
 """Interop tier: the real torchair (from the torch_npu wheel) on a CPU, with a stand-in for its native module.
 
-Runs in its own venv (torch==2.13.0, torch_npu==2.13.0, protobuf, packaging, pytest, the project
-installed with --no-deps), never in the main one:
+Runs in its own venvs, never in a main one: torch 2.13.0 with torch_npu 2.13.0, and torch 2.14.1 with
+torch_npu 2.14.0 (installed with --no-deps: it requires torch 2.14.0.*); each with protobuf, packaging,
+pytest and the project (the Makefile's test-interop and test-interop-next):
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 <venv>/bin/python -m pytest tests/interop --confcutdir=tests/interop -q
 
@@ -29,7 +30,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-TORCH_NPU_PIN = "2.13.0"
+TORCH_NPU_TESTED = "2.13.0 or 2.14.0"
 
 
 def _in_ci() -> bool:
@@ -42,7 +43,7 @@ def _torchair_dir() -> tuple[Path | None, str]:
         return None, "TORCH_DEVICE_BACKEND_AUTOLOAD is not 0 (set it before Python starts)"
     spec = importlib.util.find_spec("torch_npu")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        return None, f"torch_npu is not installed (pip install torch_npu=={TORCH_NPU_PIN} into the interop venv)"
+        return None, f"torch_npu is not installed (pip install torch_npu {TORCH_NPU_TESTED} into the interop venv)"
     dynamo = Path(spec.submodule_search_locations[0]) / "dynamo"
     if not (dynamo / "torchair" / "__init__.py").is_file():
         return None, f"torch_npu at {dynamo.parent} has no dynamo/torchair"
