@@ -187,6 +187,8 @@ class CompiledGraph:
             fed = args[input_index]
             if outputs[output_index] is not fed:
                 fed.copy_(outputs[output_index])
+            else:  # written through its data pointer: autograd must still see that it changed
+                torch.autograd.graph.increment_version(fed)
             outputs[output_index] = fed
         return outputs
 

@@ -101,6 +101,8 @@ def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Map
         index = names.index(name)
         if inputs[index] is not tensors[index]:
             tensors[index].copy_(inputs[index])
+        else:  # written through its data pointer: autograd must still see that it changed
+            torch.autograd.graph.increment_version(tensors[index])
     return tuple(out for arg, out in zip(proto.outputs, outputs, strict=True)
                  if not proto.is_reference_output(arg.name))
 

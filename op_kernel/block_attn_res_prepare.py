@@ -1,4 +1,5 @@
-"""Python kernel of BlockAttnResPrepare, executing a PrepareTilingData (no native kernel yet).
+"""Python kernel of BlockAttnResPrepare, executing a PrepareTilingData: the oracle of the native
+kernel (op_kernel/csrc/prepare_kernel.h), which follows the same passes.
 
 For each core's token range, `tokens_per_loop` tokens and one group of queries at a time (float64
 throughout, products of float32 values exact, every sum in index order; stored once as float32):
@@ -71,4 +72,4 @@ def _prepare_block(rows_in, queries, outputs, where, tiling):
         numerator[q0:q1, t0:t1, h0:h1] = sequential_sum(weighted, dim=2).transpose(0, 1).float()
 
 
-KERNEL = OpKernel(TILING, block_attn_res_prepare_kernel, has_native=False)
+KERNEL = OpKernel(TILING, block_attn_res_prepare_kernel)

@@ -1,4 +1,5 @@
-"""Python kernel of BlockAttnResUpdate, executing an UpdateTilingData (no native kernel yet).
+"""Python kernel of BlockAttnResUpdate, executing an UpdateTilingData: the oracle of the native
+kernel (op_kernel/csrc/update_kernel.h), which follows the same passes.
 
 For each core's token range, `tokens_per_loop` tokens at a time:
   pass 1 over hidden tiles: p = partial_block + float32(delta) in float32, stored into the output
@@ -63,4 +64,4 @@ def _merge_weights(squares, dots, logit_max, exp_sum, tiling):
     return alpha.unsqueeze(-1), beta.unsqueeze(-1), total.unsqueeze(-1)
 
 
-KERNEL = OpKernel(TILING, block_attn_res_update_kernel, has_native=False)
+KERNEL = OpKernel(TILING, block_attn_res_update_kernel, dtype_input="delta")

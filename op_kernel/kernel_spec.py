@@ -14,11 +14,13 @@ class OpKernel:
     """One op's kernels: its host side (prototype, tiling) and its Python kernel, the oracle, called as
     `python(*inputs, *outputs, workspace, tiling_record)`. Its native kernel is the one the native
     module registers under the same op type (op_kernel/csrc/native_ops.h); an op without one
-    (`has_native` false) runs its Python kernel whichever implementation is in use."""
+    (`has_native` false) runs its Python kernel whichever implementation is in use. The native kernel
+    is compiled per dtype of one input, `dtype_input` (None: the first)."""
 
     tiling: OpTiling
     python: Callable[..., None]
     has_native: bool = True
+    dtype_input: str | None = None
 
     @property
     def op_type(self) -> str:
@@ -27,3 +29,8 @@ class OpKernel:
     @property
     def prototype(self) -> OpPrototype:
         return self.tiling.prototype
+
+    @property
+    def dtype_index(self) -> int:
+        """The position of `dtype_input` among the inputs."""
+        return 0 if self.dtype_input is None else self.prototype.input_names().index(self.dtype_input)

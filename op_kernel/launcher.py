@@ -34,7 +34,7 @@ class ShapePlan:
     """Everything a launch needs for one input signature but the tensors."""
 
     op: OpKernel
-    dtype: torch.dtype  # of the value inputs (the first input's)
+    dtype: torch.dtype  # what the kernel is compiled for: the dtype of the op's `dtype_input`
     outputs: tuple[TensorMeta, ...]  # shapes and dtypes, in prototype order
     attrs: Mapping  # bound attributes (defaults filled in)
     tiling: TilingResult
@@ -102,10 +102,11 @@ class HostRuntime:
                 return cached
         metas = proto.input_metas(tensors, where)
         bound, outputs = proto.check(metas, attrs, where)
-        first = metas[proto.inputs[0].name]  # its dtype is the value inputs' (InferDataType checked them)
+        first = metas[proto.inputs[0].name]
         if first.device is not None and first.device.type != "cpu":  # the host kernels read the data where it lies
             Checker(proto.op_type, where).fail(f"the host runtime runs CPU tensors only, got tensors on {first.device}")
-        plan = ShapePlan(op, first.dtype, tuple(outputs), bound, self.tiling(op, metas, bound))
+        dtype = metas[proto.inputs[op.dtype_index].name].dtype
+        plan = ShapePlan(op, dtype, tuple(outputs), bound, self.tiling(op, metas, bound))
         with self._lock:
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:

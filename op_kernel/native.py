@@ -187,7 +187,7 @@ def checked_kernel(kernel: OpKernel) -> Callable[..., None]:
 
     def run(*args) -> None:
         *tensors, workspace, tiling = args
-        dtype = tensors[0].dtype
+        dtype = tensors[kernel.dtype_index].dtype
         sizes = tiling.tensor_sizes(dtype)
         if len(tensors) != len(sizes):
             raise TypeError(f"{prototype.op_type} native kernel: takes {len(sizes)} tensors, a workspace and a "

@@ -4,3 +4,5 @@
 
 #include "forward_kernel.h"
 #include "backward_kernel.h"
+#include "prepare_kernel.h"
+#include "update_kernel.h"

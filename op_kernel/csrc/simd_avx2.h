@@ -54,6 +54,23 @@ inline V16 vload(const BF16* p) {
           _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
 
+// The lanes of a bfloat16 group (lane_element: lo the even elements, hi the odd ones) put in element
+// order (lo elements 0-7, hi 8-15), and back: what the update kernel needs to add a bfloat16 row to a
+// float32 one.
+inline V16 bf16_lanes_in_order(V16 x) {
+  const __m256 low = _mm256_unpacklo_ps(x.lo, x.hi);   // elements 0-3 | 8-11
+  const __m256 high = _mm256_unpackhi_ps(x.lo, x.hi);  // elements 4-7 | 12-15
+  return {_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31)};
+}
+inline V16 bf16_lanes_from_order(V16 x) {
+  // Per 128-bit half: the even (odd) elements of lo and hi, then their 64-bit pairs in order.
+  const __m256 even = _mm256_shuffle_ps(x.lo, x.hi, _MM_SHUFFLE(2, 0, 2, 0));  // 0 2 8 10 | 4 6 12 14
+  const __m256 odd = _mm256_shuffle_ps(x.lo, x.hi, _MM_SHUFFLE(3, 1, 3, 1));   // 1 3 9 11 | 5 7 13 15
+  constexpr int kPairsInOrder = _MM_SHUFFLE(3, 1, 2, 0);
+  return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), kPairsInOrder)),
+          _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), kPairsInOrder))};
+}
+
 inline V16 vload(const FP16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(raw)), _mm256_cvtph_ps(_mm256_extracti128_si256(raw, 1))};
@@ -116,3 +133,12 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h): chunks measured slower here.
 constexpr int64_t kFloat32RowChunk = 0;
+
+// The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
+// kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
+// groups for each of kPrepareSumQueries queries at a time. AVX2's 16 registers hold 1 x 2 dot accumulators (8 registers), and 4 queries x 1 group of
+// numerator sums (8).
+constexpr int kPrepareDotRows = 1;
+constexpr int kPrepareDotQueries = 2;
+constexpr int kPrepareSumQueries = 4;
+constexpr int kPrepareSumGroups = 1;

@@ -58,6 +58,18 @@ inline V16 vload(const BF16* p) {
   return {_mm512_castsi512_ps(_mm512_shuffle_epi8(both, _mm512_load_si512(kBf16LoadBytes)))};
 }
 
+// The lanes of a bfloat16 group (lane_element) put in element order (lane l = element l), and back:
+// what the update kernel needs to add a bfloat16 row to a float32 one. kBf16LanesInOrder[e] is the
+// lane of element e; kBf16LanesFromOrder[l] the element of lane l.
+alignas(64) constexpr int32_t kBf16LanesInOrder[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+alignas(64) constexpr int32_t kBf16LanesFromOrder[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+inline V16 bf16_lanes_in_order(V16 x) {
+  return {_mm512_permutexvar_ps(_mm512_load_si512(kBf16LanesInOrder), x.v)};
+}
+inline V16 bf16_lanes_from_order(V16 x) {
+  return {_mm512_permutexvar_ps(_mm512_load_si512(kBf16LanesFromOrder), x.v)};
+}
+
 inline V16 vload(const FP16* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
@@ -153,3 +165,12 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 
 // Float32 pass 1 walks H in chunks of this many elements across all of a token's rows (kernel_loops.h).
 constexpr int64_t kFloat32RowChunk = 64;
+
+// The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
+// kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
+// groups for each of kPrepareSumQueries queries at a time. AVX-512's 32 registers hold 2 x 4 dot accumulators (16 registers), and 4 queries x 2 groups of
+// numerator sums (8).
+constexpr int kPrepareDotRows = 2;
+constexpr int kPrepareDotQueries = 4;
+constexpr int kPrepareSumQueries = 4;
+constexpr int kPrepareSumGroups = 2;

@@ -90,6 +90,19 @@ inline V16 vload(const BF16* p) {
   for (int lane = 0; lane < 16; ++lane) r.l[lane] = to_float(p[lane_element<BF16>(lane)]);
   return r;
 }
+// The lanes of a bfloat16 group (lane_element) put in element order (lane l = element l), and back:
+// what the update kernel needs to add a bfloat16 row to a float32 one.
+inline V16 bf16_lanes_in_order(V16 x) {
+  V16 r;
+  for (int lane = 0; lane < 16; ++lane) r.l[lane_element<BF16>(lane)] = x.l[lane];
+  return r;
+}
+inline V16 bf16_lanes_from_order(V16 x) {
+  V16 r;
+  for (int lane = 0; lane < 16; ++lane) r.l[lane] = x.l[lane_element<BF16>(lane)];
+  return r;
+}
+
 inline V16 vload(const FP16* p) {
   V16 r;
   for (int lane = 0; lane < 16; ++lane) r.l[lane] = fp16_lane(p[lane]);
@@ -117,3 +130,11 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h; no one times this path).
 constexpr int64_t kFloat32RowChunk = 0;
+
+// The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
+// kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
+// groups for each of kPrepareSumQueries queries at a time. as the AVX2 path's (no one times this path).
+constexpr int kPrepareDotRows = 1;
+constexpr int kPrepareDotQueries = 2;
+constexpr int kPrepareSumQueries = 4;
+constexpr int kPrepareSumGroups = 1;

@@ -1,0 +1,262 @@
+// Native CPU kernel of BlockAttnResPrepare (phase 1 of the two-phase read), executing a
+// PrepareTilingData. Included by isa_*.cpp inside an instruction set's namespace, after its target pragma.
+//
+// For each token, the Nv = min(valid_blocks, N) snapshot rows are scored against all S pseudo-queries:
+// a small matrix product per token, so each row is read from memory once for every query. Per core
+// of the tiling (a task), token by token, per group of `query_tile` queries:
+//   pass 1 over the hidden tiles: the float64 lanes of each row's sum of squares and of its dot with
+//          each query, kPrepareDotRows rows against kPrepareDotQueries queries per load
+//   per query, scalar float64: norms, logits, their max, exps (the C library's exp), their sum in
+//          row order: logit_max and exp_sum
+//   pass 2 over the hidden tiles: numerator = sum_n exp_n * row_n in float32 fused multiply-adds, rows
+//          in order (as the forward's weighted sum), kPrepareSumQueries queries per load of a row
+// A token's rows are contiguous; with one hidden tile and one query group (the usual tiling), pass 2
+// reads them from cache. The bits depend on none of the blocks, tiles, groups, cores or instruction
+// sets (attnres_native.h). valid_blocks is read when the kernel runs: a new count needs no new record.
+
+namespace {
+
+constexpr float kLowestFloat32 = -0x1.fffffep127f;  // the empty state's logit_max
+
+// One group of K rows (v, widened) into their squares (kSquares) and their dots with Q queries at h.
+template <int K, int Q, bool kSquares>
+inline void add_dot_group(const D16* v, const double* const* queries, int64_t h, D16* sq, D16 (*acc)[K]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < K; ++r) {
+    if (kSquares) sq[r] = dfma(v[r], v[r], sq[r]);
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) {
+    const D16 query = dload(queries[q] + h);
+#pragma GCC unroll 8
+    for (int r = 0; r < K; ++r) acc[q][r] = dfma(v[r], query, acc[q][r]);
+  }
+}
+
+// Lanes over [h0, h1) of K rows' dots with Q queries (float64, zero padded, element order) into
+// dots[q * dot_stride + r], and with kSquares of the rows' squares into squares[r]. next (or null):
+// rows whose line at h each group prefetches into L2 (the next token's).
+template <int K, int Q, bool kSquares>
+inline void row_query_dots(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
+                           D16* squares, D16* dots, int64_t dot_stride, const float* const* next) {
+  D16 sq[K], acc[Q][K], v[K];  // in registers as far as they fit, since every loop over r and q is unrolled
+#pragma GCC unroll 8
+  for (int r = 0; r < K; ++r) {
+    if (kSquares) sq[r] = squares[r];
+#pragma GCC unroll 8
+    for (int q = 0; q < Q; ++q) acc[q][r] = dots[q * dot_stride + r];
+  }
+  int64_t h = h0;
+  for (; h + kLanes <= h1; h += kLanes) {
+#pragma GCC unroll 8
+    for (int r = 0; r < K; ++r) {
+      if (next != nullptr) prefetch_l2(next[r] + h);
+      v[r] = widen(vload(rows[r] + h));
+    }
+    add_dot_group<K, Q, kSquares>(v, queries, h, sq, acc);
+  }
+  if (h < h1) {  // the last, partial group (h1 == D), zero padded
+    for (int r = 0; r < K; ++r) v[r] = widen(vload_partial(rows[r] + h, h1 - h));
+    add_dot_group<K, Q, kSquares>(v, queries, h, sq, acc);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < K; ++r) {
+    if (kSquares) squares[r] = sq[r];
+#pragma GCC unroll 8
+    for (int q = 0; q < Q; ++q) dots[q * dot_stride + r] = acc[q][r];
+  }
+}
+
+// numerator rows out[q][h .. h + 16G) = sum_n weights[q][n] * rows[n][...] for Q queries, rows in order.
+template <int Q, int G, bool kStream>
+inline void numerator_groups(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h,
+                             float* const* out) {
+  V16 acc[Q][G];
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[q][g] = vzero();
+  }
+  for (int64_t n = 0; n < row_num; ++n) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const V16 v = vload(rows[n] + h + g * kLanes);
+#pragma GCC unroll 8
+      for (int q = 0; q < Q; ++q) acc[q][g] = vfma(vset(weights[q][n]), v, acc[q][g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) store_groups<G, kStream>(out[q] + h, acc[q]);
+}
+
+// The same for the last, partial group of n < 16 elements.
+template <int Q>
+inline void numerator_partial(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h,
+                              int64_t n, float* const* out) {
+  V16 acc[Q];
+  for (int q = 0; q < Q; ++q) acc[q] = vzero();
+  for (int64_t i = 0; i < row_num; ++i) {
+    const V16 v = vload_partial(rows[i] + h, n);
+    for (int q = 0; q < Q; ++q) acc[q] = vfma(vset(weights[q][i]), v, acc[q]);
+  }
+  for (int q = 0; q < Q; ++q) vstore_partial(out[q] + h, acc[q], n);
+}
+
+// Pass 2 of Q queries over [h0, h1): steps of kPrepareSumGroups groups, single groups, the partial one.
+template <int Q, bool kStream>
+inline void numerator_tile(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h0,
+                           int64_t h1, float* const* out) {
+  constexpr int64_t kStep = kPrepareSumGroups * kLanes;
+  int64_t h = h0;
+  for (; h + kStep <= h1; h += kStep) numerator_groups<Q, kPrepareSumGroups, kStream>(rows, row_num, weights, h, out);
+  for (; h + kLanes <= h1; h += kLanes) numerator_groups<Q, 1, kStream>(rows, row_num, weights, h, out);
+  if (h < h1) numerator_partial<Q>(rows, row_num, weights, h, h1 - h, out);
+}
+
+// max of a row of logits, NaN if any is NaN (as torch.amax).
+inline double row_max(const double* x, int64_t n) {
+  double top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) return x[i];
+    if (x[i] > top) top = x[i];
+  }
+  return top;
+}
+
+// A task's scratch and the per-call constants it reads.
+struct PrepareTask {
+  const PrepareArgs& args;
+  int64_t valid;                       // rows read per token
+  const std::vector<double>& queries;  // [S, D_pad] float64, zero padded
+  int64_t query_stride;                // D_pad
+  bool stream;
+  LaneArray squares, dots;             // [Nv], [query_tile, Nv]
+  std::vector<double> norms, logits;   // [Nv] each
+  std::vector<float> weights;          // [query_tile, Nv] exps, as float32
+  std::vector<const float*> rows;      // [Nv] of the token
+  std::vector<const float*> next_rows; // [Nv] of the token after it, prefetched in pass 1
+
+  PrepareTask(const PrepareArgs& a, int64_t nv, const std::vector<double>& q, int64_t stride, bool s)
+      : args(a), valid(nv), queries(q), query_stride(stride), stream(s), squares(nv), dots(a.query_tile * nv),
+        norms(nv), logits(nv), weights(a.query_tile * nv), rows(nv), next_rows(nv) {}
+
+  const double* query(int64_t s) const { return queries.data() + s * query_stride; }
+
+  // Pass 1 of token t's rows against queries [q0, q0 + count): squares (once per group) and dots;
+  // next (or null): the rows to prefetch meanwhile.
+  void score_lanes(int64_t q0, int64_t count, const float* const* next) {
+    for (int64_t i = 0; i < valid; ++i) squares[i] = dzero();
+    for (int64_t i = 0; i < count * valid; ++i) dots[i] = dzero();
+    const HiddenTiles& tiles = args.tiles;
+    for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+      const int64_t h0 = tiles.begin(tile), h1 = tiles.end(tile);
+      for_row_groups<kPrepareDotRows>(valid, [&](auto k, int64_t r) {
+        for_row_groups<kPrepareDotQueries>(count, [&](auto q, int64_t s) {
+          const double* block_queries[decltype(q)::value];
+          for (int j = 0; j < decltype(q)::value; ++j) block_queries[j] = query(q0 + s + j);
+          D16* block_dots = dots.data() + s * valid + r;
+          if (s == 0) {  // the squares, and the next token's rows fetched, once per row
+            row_query_dots<decltype(k)::value, decltype(q)::value, true>(rows.data() + r, block_queries, h0, h1,
+                                                                         squares.data() + r, block_dots, valid,
+                                                                         next == nullptr ? nullptr : next + r);
+          } else {
+            row_query_dots<decltype(k)::value, decltype(q)::value, false>(rows.data() + r, block_queries, h0, h1,
+                                                                          squares.data() + r, block_dots, valid,
+                                                                          nullptr);
+          }
+        });
+      });
+    }
+  }
+
+  // From the lanes: norms, then per query its logits' max, exps and their sum (stored), the exps as weights.
+  void softmax_state(int64_t t, int64_t q0, int64_t count) {
+    for (int64_t i = 0; i < valid; ++i) {
+      norms[i] = std::sqrt(lane_sum(squares[i]) / static_cast<double>(args.hidden) + static_cast<double>(args.eps));
+    }
+    for (int64_t q = 0; q < count; ++q) {
+      for (int64_t i = 0; i < valid; ++i) logits[i] = lane_sum(dots[q * valid + i]) / norms[i];
+      const double top = row_max(logits.data(), valid);
+      double total = 0.0;  // rows in order
+      for (int64_t i = 0; i < valid; ++i) {
+        const double e = std::exp(logits[i] - top);  // the C library's exp: the same call on every path
+        total += e;
+        weights[q * valid + i] = static_cast<float>(e);
+      }
+      const int64_t state = (q0 + q) * args.tokens + t;
+      args.logit_max[state] = static_cast<float>(top);
+      args.exp_sum[state] = static_cast<float>(total);
+    }
+  }
+
+  // Pass 2 of token t for queries [q0, q0 + count).
+  void numerators(int64_t t, int64_t q0, int64_t count) {
+    const HiddenTiles& tiles = args.tiles;
+    for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+      const int64_t h0 = tiles.begin(tile), h1 = tiles.end(tile);
+      for_row_groups<kPrepareSumQueries>(count, [&](auto q, int64_t s) {
+        constexpr int kQ = decltype(q)::value;
+        const float* block_weights[kQ];
+        float* out[kQ];
+        for (int j = 0; j < kQ; ++j) {
+          block_weights[j] = weights.data() + (s + j) * valid;
+          out[j] = args.numerator + ((q0 + s + j) * args.tokens + t) * args.hidden;
+        }
+        if (stream) {
+          numerator_tile<kQ, true>(rows.data(), valid, block_weights, h0, h1, out);
+        } else {
+          numerator_tile<kQ, false>(rows.data(), valid, block_weights, h0, h1, out);
+        }
+      });
+    }
+  }
+
+  // No valid snapshot: the empty state (numerator 0, logit_max the lowest float32, exp_sum 0).
+  void empty_state(int64_t t) {
+    for (int64_t s = 0; s < args.queries; ++s) {
+      const int64_t state = s * args.tokens + t;
+      std::memset(args.numerator + state * args.hidden, 0, static_cast<size_t>(args.hidden) * sizeof(float));
+      args.logit_max[state] = kLowestFloat32;
+      args.exp_sum[state] = 0.0f;
+    }
+  }
+
+  void run(int64_t core) {
+    int64_t start, stop;
+    core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
+    for (int64_t t = start; t < stop; ++t) {
+      if (valid == 0) {
+        empty_state(t);
+        continue;
+      }
+      for (int64_t i = 0; i < valid; ++i) {
+        rows[i] = args.block_res + (t * args.blocks + i) * args.hidden;
+        next_rows[i] = rows[i] + args.blocks * args.hidden;
+      }
+      for (int64_t group = 0; group < args.query_tile_num; ++group) {
+        const int64_t q0 = group * args.query_tile;
+        const int64_t count = group == args.query_tile_num - 1 ? args.query_last_tile : args.query_tile;
+        score_lanes(q0, count, group == 0 && t + 1 < stop ? next_rows.data() : nullptr);
+        softmax_state(t, q0, count);
+        numerators(t, q0, count);
+      }
+    }
+    if (stream) stream_fence();  // this task's streaming stores are visible when the call returns
+  }
+};
+
+}  // namespace
+
+void prepare(const PrepareArgs& args, int max_threads) {
+  const int64_t valid = static_cast<int64_t>(std::min<uint64_t>(*args.valid_blocks, args.blocks));
+  const int64_t stride = padded_hidden(args.hidden);
+  std::vector<double> queries(args.queries * stride);  // [S, D_pad] float64, element order (float32 inputs)
+  for (int64_t s = 0; s < args.queries; ++s) {
+    to_wide_lane_layout(args.pseudo_query + s * args.hidden, args.hidden, queries.data() + s * stride);
+  }
+  const bool stream = args.stream_stores && can_stream<float>(args.numerator, args.hidden);
+  parallel_tasks(args.used_core_num, max_threads, [&](int64_t core) {
+    PrepareTask task(args, valid, queries, stride, stream);
+    task.run(core);
+  });
+}
