@@ -50,16 +50,15 @@ once; the pseudo-queries, which have none, left out):
   prepare-eager, prepare-graph   block_attn_res_prepare: N T D read, S T D + 2 S T written
   update-eager, update-graph     block_attn_res_update on prepare's first slot: partial_block, delta, numerator
                                  read, partial_block and h written (5 T D), logit_max and exp_sum read
-(-graph: through torch.compile(backend="attnres_ge")). Their path reads "python" while the ops have Python
-kernels only; under --paths they are then timed on the first path alone.
+(-graph: through torch.compile(backend="attnres_ge")). Their path is the native kernels' (it would read
+"python" for an op without a native kernel, which --paths then times on the first path alone).
 
 One block of a model (BLOCK_SHAPES, named block_T_N_D_R; float32), timed the same way, both ways:
   block-per-layer   R times: live += delta, then block_attention_residuals over the N snapshots and live
   block-two-phase   one block_attn_res_prepare for the R readers, then R block_attn_res_update calls
 The traffic model counts [T, D] planes: R (N + 5) per-layer against N + 6 R two-phase; the table closing
 the run gives the measured speedup of the two-phase block beside the model's ratio. DEFAULT_BLOCK_SHAPES are
-timed by default, --all-blocks times every one. With the Python kernels a prepare at T=4096 takes minutes:
-pick the decode shapes (T=1, 16) for a short run.
+timed by default, --all-blocks times every one.
 
     attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--all-blocks] [--dtypes float32 bfloat16]
                      [--providers ...] [--paths PATH ... | all] [--rounds R] [--retries K] [--json F] [--plot F]

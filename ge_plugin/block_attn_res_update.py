@@ -6,15 +6,18 @@
 partial_block is `Tensor(a!)`: the op writes partial_block + delta into it (GE's reference tensor) and
 returns h in delta's dtype. It must share no memory with another argument. Inference-only, like CANN's
 op: a call whose result would need a gradient raises instead of silently returning none. The CPU
-kernel is always the Python entry's (ge_plugin/op_common.run_eager_in_place): the C++ entry makes fresh
-outputs only.
+kernel is the C++ entry's where it is built: a repeated signature whose partial_block is contiguous and
+shares no memory with another argument is written in place without entering Python; any other call goes
+to ge_plugin/op_common.run_eager_in_place (which copies a non-contiguous partial_block back, or names the
+overlap).
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin.op_common import LIBRARY, define_op, fake_outputs, run_eager_in_place
+from attnres_ge.ge_plugin import cpp_entry
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager_in_place
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_UPDATE as OP
 from attnres_ge.op_proto.op_def import WHERE_EAGER, Checker
 
@@ -37,20 +40,29 @@ def _fake(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, *, 
     return h
 
 
-def _refuse_gradients(*tensors, eps=1e-6):
-    """The Autograd kernel: the op has no derivative (CANN's has none either), so a call that would need
-    one fails here, naming the tensors that require a gradient; any other call goes on below autograd."""
-    names = OP.prototype.input_names()
-    needing = [name for name, tensor in zip(names, tensors, strict=True)
-               if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
-    if needing and torch.is_grad_enabled():
-        Checker(OP.op_type, WHERE_EAGER).fail(
-            f"the op is inference-only (no gradient), but {', '.join(needing)} "
-            f"{'requires' if len(needing) == 1 else 'require'} grad; call it under "
-            "torch.no_grad() or on detached tensors")
+def refuse_gradients(needing: list[str]) -> None:
+    """The op has no derivative (CANN's has none either): a call that would need one fails, naming the
+    inputs that require a gradient."""
+    Checker(OP.op_type, WHERE_EAGER).fail(
+        f"the op is inference-only (no gradient), but {', '.join(needing)} "
+        f"{'requires' if len(needing) == 1 else 'require'} grad; call it under "
+        "torch.no_grad() or on detached tensors")
+
+
+def _autograd(*tensors, eps=1e-6):
+    """The Autograd kernel without the C++ entry (whose own does the same without Python): refuse a call
+    that would need a gradient; any other goes on below autograd."""
+    if torch.is_grad_enabled():
+        needing = [name for name, tensor in zip(OP.prototype.input_names(), tensors, strict=True)
+                   if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
+        if needing:
+            refuse_gradients(needing)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attnres.block_attn_res_update.default(*tensors, eps=eps)
 
 
 define_op(OP, SCHEMA, _fake, _cpu)
-LIBRARY.impl(NAME, _refuse_gradients, "Autograd")
+if CPP_ENTRY:
+    cpp_entry.MODULE.register_inference_only(NAME, refuse_gradients)
+else:
+    LIBRARY.impl(NAME, _autograd, "Autograd")

@@ -88,6 +88,10 @@ def check_references_not_aliased(proto: OpPrototype, tensors: Sequence[torch.Ten
 def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """run_eager for an op with reference outputs: each is written into its own input tensor (through a
     contiguous copy, then copied back, when that input is not contiguous); returns the other outputs."""
+    return _launch_in_place(op, tensors, attrs)[0]
+
+
+def _launch_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping):
     proto = op.prototype
     runtime = default_runtime()
     plan = runtime.plan(op, tensors, attrs, WHERE_EAGER)  # first: it names what is not a tensor
@@ -103,8 +107,8 @@ def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Map
             tensors[index].copy_(inputs[index])
         else:  # written through its data pointer: autograd must still see that it changed
             torch.autograd.graph.increment_version(tensors[index])
-    return tuple(out for arg, out in zip(proto.outputs, outputs, strict=True)
-                 if not proto.is_reference_output(arg.name))
+    fresh = [out for arg, out in zip(proto.outputs, outputs, strict=True) if not proto.is_reference_output(arg.name)]
+    return tuple(fresh), plan
 
 
 def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
@@ -118,9 +122,12 @@ def fake_outputs(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Map
 
 
 def _first_call(op_name: str, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
-    """The C++ entry's call for an eager input signature it has not cached: run_eager's outputs, and the
-    repeatable launch (None while the Python kernels run)."""
-    outputs, plan = _launch(_eager_ops[op_name], tensors, attrs)
+    """The C++ entry's call for an eager input signature it has not cached: the outputs the torch op returns
+    (run_eager's, or run_eager_in_place's for an op with reference outputs), and the repeatable launch (None
+    while the Python kernels run)."""
+    op = _eager_ops[op_name]
+    launch = _launch_in_place if op.prototype.reference_outputs() else _launch
+    outputs, plan = launch(op, tensors, attrs)
     return outputs, plan.repeatable_launch()
 
 
@@ -137,12 +144,12 @@ CPP_ENTRY = _install_cpp_entry()
 
 def define_op(op: TorchOp, schema: str, fake: Callable, python_cpu: Callable) -> None:
     """Define torch.ops.attnres.<op.name> with `schema`, its fake implementation and its CPU kernel:
-    the C++ entry's where it is built, else `python_cpu`, which calls run_eager. An op with a reference
-    output always takes `python_cpu` (run_eager_in_place): the C++ entry makes fresh outputs only."""
+    the C++ entry's where it is built, else `python_cpu`, which calls run_eager (run_eager_in_place for an
+    op with reference outputs)."""
     LIBRARY.define(op.name + schema)
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
     _eager_ops[op.name] = op.kernel
-    if CPP_ENTRY and not op.prototype.reference_outputs():
+    if CPP_ENTRY:
         cpp_entry.MODULE.register_eager(op.name)
     else:
         LIBRARY.impl(op.name, python_cpu, "CPU")

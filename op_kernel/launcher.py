@@ -51,11 +51,15 @@ class ShapePlan:
 
     def repeatable_launch(self) -> tuple | None:
         """What the ops' C++ entry needs to repeat this plan without Python: (launch record, workspace
-        bytes, [(output shape, dtype), ...]); None unless the native kernels run it."""
+        bytes, [(output shape, dtype), ...], [for each output the index of the input it updates in place
+        (a reference output), else -1]); None unless the native kernels run it."""
         record = getattr(self.launch(), "record", None)  # native launches carry one
         if record is None:
             return None
-        return record, self.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in self.outputs]
+        proto = self.op.prototype
+        names = proto.input_names()
+        updated = [names.index(arg.name) if proto.is_reference_output(arg.name) else -1 for arg in proto.outputs]
+        return record, self.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in self.outputs], updated
 
 
 def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:

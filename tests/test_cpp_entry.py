@@ -17,26 +17,28 @@ from conftest import assert_bitwise_equal, make_inputs
 import attnres_ge
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import op_common
+from attnres_ge.op_proto import AttnResInputError
 
 pytestmark = pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
 
 forward_op = torch.ops.attnres.block_attention_residuals.default
 backward_op = torch.ops.attnres.block_attention_residuals_backward.default
+update_op = torch.ops.attnres.block_attn_res_update.default
 FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
 BACKWARD_NAMES = ("grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight")
 
 
 @pytest.fixture
 def python_entry_calls(monkeypatch):
-    """The op types the Python entry ran, in order (the C++ entry calls it only for signatures it has not cached)."""
+    """The op types the Python entry ran, in order (the C++ entry calls it only for signatures it has not
+    cached, and for calls it must not update in place)."""
     calls = []
-    launch = op_common._launch
+    for name in ("_launch", "_launch_in_place"):
+        def spy(op, tensors, attrs, launch=getattr(op_common, name)):
+            calls.append(op.op_type)
+            return launch(op, tensors, attrs)
 
-    def spy(proto, tensors, attrs):
-        calls.append(proto.op_type)
-        return launch(proto, tensors, attrs)
-
-    monkeypatch.setattr(op_common, "_launch", spy)
+        monkeypatch.setattr(op_common, name, spy)
     return calls
 
 
@@ -261,3 +263,50 @@ def test_without_the_extension_the_python_registrations_give_the_same_bits(tmp_p
     expected = torch.load(path)
     for name, a, b in zip(("hidden_states", *BACKWARD_NAMES), training_step(), expected, strict=True):
         assert_bitwise_equal(name, a, b)
+
+
+def update_arguments(tokens, hidden, seed):
+    """block_attn_res_update's tensors for one prepared slot (a signature no other test uses per shape)."""
+    generator = torch.Generator().manual_seed(seed)
+    block_res = torch.randn(tokens, 3, hidden, generator=generator)
+    queries = torch.randn(2, hidden, generator=generator) / hidden**0.5
+    numerator, logit_max, exp_sum = (t[0].contiguous() for t in torch.ops.attnres.block_attn_res_prepare(
+        block_res, torch.tensor([3], dtype=torch.uint64), queries))
+    delta = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16)
+    return torch.randn(tokens, hidden, generator=generator), delta, queries[1].clone(), numerator, logit_max, exp_sum
+
+
+def test_a_repeated_update_runs_in_cpp_in_place(python_entry_calls):
+    """The reference output: a repeat writes partial_block in place without Python, bumps its version, and
+    gives the bits of the first call on the same inputs."""
+    partial, *rest = update_arguments(11, 56, seed=31)
+    start = partial.clone()
+    first_h = update_op(partial, *rest)
+    first_partial = partial.clone()
+    assert python_entry_calls == ["BlockAttnResPrepare", "BlockAttnResUpdate"]
+    for _ in range(2):
+        partial.copy_(start)
+        version, address = partial._version, partial.data_ptr()
+        h = update_op(partial, *rest)
+        assert python_entry_calls == ["BlockAttnResPrepare", "BlockAttnResUpdate"]  # the repeats stayed in C++
+        assert partial.data_ptr() == address and partial._version > version
+        assert_bitwise_equal("partial_block", partial, first_partial)
+        assert_bitwise_equal("h", h, first_h)
+
+
+def test_a_repeated_update_that_cannot_run_in_place_goes_to_python(python_entry_calls):
+    """A non-contiguous partial_block (written back through a copy) and one that overlaps another argument
+    (refused, naming both) take the Python entry even when their signature is cached."""
+    partial, delta, query, numerator, logit_max, exp_sum = update_arguments(6, 40, seed=32)
+    expected_partial = partial.clone()
+    expected_h = update_op(expected_partial, delta, query, numerator, logit_max, exp_sum)
+    calls = len(python_entry_calls)
+    strided = torch.empty(40, 6).t()  # same shape and dtype, not contiguous
+    strided.copy_(partial)
+    h = update_op(strided, delta, query, numerator, logit_max, exp_sum)
+    assert len(python_entry_calls) == calls + 1
+    assert_bitwise_equal("partial_block (strided)", strided.contiguous(), expected_partial)
+    assert_bitwise_equal("h", h, expected_h)
+    with pytest.raises(AttnResInputError, match="partial_block is updated in place and must not share "
+                                                           "memory with numerator"):
+        update_op(numerator, delta, query, numerator, logit_max, exp_sum)

@@ -99,7 +99,8 @@ def assert_paths_agree(run, same=assert_bitwise_equal):
 # (T, N, S, D, valid, cores, buffer bytes): D off the grid and D = 1, split hidden tiles and query
 # groups (small buffers), N and S from 1 to 9 (every register block), Nv < N.
 PREPARE_SHAPES = [(7, 3, 2, 37, 3, 2, 1 << 20), (11, 9, 9, 200, 9, 3, 4096), (5, 1, 1, 1, 1, 2, 1 << 20),
-                  (9, 5, 7, 130, 4, 2, 1 << 20), (6, 8, 5, 1000, 8, 3, 2048), (4, 2, 3, 64, 2, 1, 512), (5, 9, 7, 90, 7, 2, 1536)]
+                  (9, 5, 7, 130, 4, 2, 1 << 20), (6, 8, 5, 1000, 8, 3, 2048), (4, 2, 3, 64, 2, 1, 512),
+                  (5, 9, 7, 90, 7, 2, 1536)]
 
 
 @pytest.mark.parametrize("shape", PREPARE_SHAPES, ids=lambda s: "T{}-N{}-S{}-D{}-Nv{}-c{}-ub{}".format(*s))

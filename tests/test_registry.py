@@ -22,7 +22,7 @@ native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native k
 
 def test_every_registered_op_has_a_torch_op_a_converter_and_the_native_kernel_it_declares():
     converters = local_converters()
-    # The two-phase ops have Python kernels only so far (OpKernel.has_native false).
+    # Every op's native kernel is registered under its op type, and only those (OpKernel.has_native).
     assert set(native._native.record_layouts()) == {op.op_type for op in OPS if op.kernel.has_native}
     for op in OPS:
         overload = getattr(torch.ops.attnres, op.name).default

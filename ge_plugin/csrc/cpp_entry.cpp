@@ -6,11 +6,14 @@
 // more than a decode step's kernel; a compiled graph's node spent as much in the local
 // GE's Python. This module keeps, per input signature, a launch that needs no Python:
 //
-//   register_eager(op_name)  the op's CPU kernel (eager calls: fresh outputs), one boxed
+//   register_eager(op_name)  the op's CPU kernel (eager calls: fresh outputs, a reference output written
+//               into its input), one boxed
 //               kernel for every op: tensors and attributes are read from the op's schema
 //   register_autograd()  the Autograd kernels of the two Block AttnRes ops, their own formulas in C++
 //               (block_attention_residuals_autograd.h)
 //   set_autograd_formulas()  the Python functions those two call for the rare derivatives
+//   register_inference_only(op_name, refuse)  the Autograd kernel of an op with no derivative: Python is
+//               called only to raise for a call that would need one
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
 //               per signature and reused only when provably free (GraphNode::Slot: the rule
 //               op_kernel/buffer_pool.py applies too)
@@ -65,6 +68,7 @@ struct OutputMeta {
 struct Launch {
   std::unique_ptr<const attnres::LaunchRecord> record;
   std::vector<OutputMeta> outputs;
+  std::vector<int64_t> updated_inputs;  // per output: the input it is written into (a reference output), or -1
   int64_t workspace_bytes = 0;
 };
 
@@ -118,7 +122,8 @@ int64_t bits_of(double value) {
   return bits;
 }
 
-// A repeatable launch from Python's (launch record, workspace_bytes, [(shape, dtype), ...]); null for None.
+// A repeatable launch from Python's (launch record, workspace_bytes, [(shape, dtype), ...], [updated input
+// index or -1 per output]); null for None.
 std::shared_ptr<const Launch> launch_from(const py::object& answer) {
   if (answer.is_none()) return nullptr;
   auto fields = answer.cast<py::tuple>();
@@ -132,6 +137,7 @@ std::shared_ptr<const Launch> launch_from(const py::object& answer) {
     auto shape_and_dtype = meta.cast<py::tuple>();
     launch->outputs.push_back({shape_and_dtype[0].cast<std::vector<int64_t>>(), shape_and_dtype[1].cast<at::ScalarType>()});
   }
+  launch->updated_inputs = fields[3].cast<std::vector<int64_t>>();
   return launch;
 }
 
@@ -218,6 +224,37 @@ bool all_defined(const std::vector<at::Tensor>& tensors) {
   return std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& tensor) { return tensor.defined(); });
 }
 
+// [first, last) bytes of its storage a tensor may touch (as op_common._byte_span); empty for no element.
+std::pair<int64_t, int64_t> byte_span(const at::Tensor& tensor) {
+  if (tensor.numel() == 0) return {0, 0};
+  int64_t extent = 1;
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) extent += (tensor.size(dim) - 1) * std::abs(tensor.stride(dim));
+  const int64_t first = tensor.storage_offset() * static_cast<int64_t>(tensor.element_size());
+  return {first, first + extent * static_cast<int64_t>(tensor.element_size())};
+}
+
+bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.storage().is_alias_of(b.storage())) return false;
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// Whether a cached launch may write its reference outputs straight into their inputs: each such input is
+// contiguous and shares no memory with another input. Otherwise the Python entry runs the call (it copies
+// a non-contiguous input back, and names an overlap in its error).
+bool updates_in_place(const Launch& launch, const std::vector<at::Tensor>& inputs) {
+  for (int64_t updated : launch.updated_inputs) {
+    if (updated < 0) continue;
+    const at::Tensor& target = inputs[updated];
+    if (!target.is_contiguous()) return false;
+    for (size_t other = 0; other < inputs.size(); ++other) {
+      if (static_cast<int64_t>(other) != updated && may_overlap(target, inputs[other])) return false;
+    }
+  }
+  return true;
+}
+
 // The Python value of a scalar attribute.
 py::object python_value(const c10::IValue& value) {
   if (value.isBool()) return py::bool_(value.toBool());
@@ -233,7 +270,7 @@ int64_t key_of(const c10::IValue& value) {
 }
 
 // The CPU kernel of every op registered with register_eager: reads the tensors and attributes as
-// the schema lists them; runs the cached launch of their signature with fresh outputs, or asks the
+// the schema lists them; runs the cached launch of their signature (run_cached), or asks the
 // Python entry (whose launch is then cached). A None input (an undefined tensor) has no
 // signature: Python's validation names it.
 class EagerKernel final : public c10::OperatorKernel {
@@ -267,10 +304,7 @@ class EagerKernel final : public c10::OperatorKernel {
     const bool cacheable = all_defined(inputs);
     const Key key = cacheable ? signature(op_, inputs, attr_key) : Key{};
     if (auto launch = cacheable ? cached_eager_launch(key) : nullptr) {
-      std::vector<at::Tensor> outputs;
-      for (const OutputMeta& meta : launch->outputs) outputs.push_back(eager_output(meta));
-      run(*launch, contiguous(inputs), outputs, eager_workspace(launch->workspace_bytes));
-      return outputs;
+      if (updates_in_place(*launch, inputs)) return run_cached(*launch, inputs);
     }
     py::gil_scoped_acquire gil;
     EntryState& entry = state();
@@ -284,6 +318,22 @@ class EagerKernel final : public c10::OperatorKernel {
       entry.eager_launches.emplace(key, std::move(launch));
     }
     return answer[0].cast<std::vector<at::Tensor>>();
+  }
+
+  // The cached launch with fresh outputs, the reference ones written into their inputs (whose version
+  // is bumped, as an in-place op's); returns the fresh ones, as the schema does.
+  static std::vector<at::Tensor> run_cached(const Launch& launch, const std::vector<at::Tensor>& inputs) {
+    std::vector<at::Tensor> outputs, fresh;
+    for (size_t index = 0; index < launch.outputs.size(); ++index) {
+      const int64_t updated = launch.updated_inputs[index];
+      outputs.push_back(updated >= 0 ? inputs[updated] : eager_output(launch.outputs[index]));
+      if (updated < 0) fresh.push_back(outputs.back());
+    }
+    run(launch, contiguous(inputs), outputs, eager_workspace(launch.workspace_bytes));
+    for (int64_t updated : launch.updated_inputs) {
+      if (updated >= 0) inputs[updated].unsafeGetTensorImpl()->bump_version();
+    }
+    return fresh;
   }
 
   const int64_t op_;
@@ -475,6 +525,48 @@ std::pair<std::shared_ptr<HugePagePool>, int64_t> use_output_pool(std::shared_pt
   return previous;
 }
 
+// The Autograd kernel of an inference-only op (one without a derivative): a call that would need a gradient
+// (grad mode on, a tensor argument requiring grad) goes to Python's refuse(names of those arguments), which
+// raises the op's error; any other call goes on below autograd, without Python.
+class InferenceOnlyKernel final : public c10::OperatorKernel {
+ public:
+  // The reference to `refuse` is never dropped: the dispatcher may destroy its kernels at exit, after
+  // Python has finalized, when no reference may be touched.
+  explicit InferenceOnlyKernel(py::object refuse) : refuse_(refuse.release()) {}
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    if (c10::GradMode::is_enabled()) {
+      const auto& arguments = handle.schema().arguments();
+      auto values = torch::jit::last(*stack, arguments.size());
+      std::vector<std::string> needing;
+      for (size_t index = 0; index < arguments.size(); ++index) {
+        if (values[index].isTensor() && values[index].toTensor().requires_grad()) {
+          needing.push_back(arguments[index].name());
+        }
+      }
+      if (!needing.empty()) {
+        py::gil_scoped_acquire gil;
+        refuse_(needing);  // raises; Python errors propagate as they are
+        throw std::runtime_error("attnres_ge._cpp_entry: " + handle.schema().name() + " needs a gradient");
+      }
+    }
+    handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+  }
+
+ private:
+  py::handle refuse_;
+};
+
+void register_inference_only(const std::string& op_name, py::object refuse) {
+  auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::Autograd,
+                                                   __FILE__, __LINE__);
+  autograd->impl(op_name.c_str(),
+                 torch::CppFunction::makeFromBoxedFunctor(std::make_unique<InferenceOnlyKernel>(std::move(refuse))));
+  EntryState& entry = state();
+  std::lock_guard<std::mutex> lock(entry.mutex);
+  entry.registrations.push_back(std::move(autograd));
+}
+
 // Registers the boxed EagerKernel as the CPU kernel of attnres::<op_name>.
 void register_eager(const std::string& op_name) {
   EntryState& entry = state();
@@ -511,7 +603,7 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   // What Python checks before using this module: a build of other sources is not used.
-  module.attr("INTERFACE_VERSION") = 5;
+  module.attr("INTERFACE_VERSION") = 7;
   module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"), py::arg("output_pool_min_bytes"));
   module.def("empty_output", [](const std::vector<int64_t>& shape, at::ScalarType dtype) {
     return eager_output({shape, dtype});
@@ -525,6 +617,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def_property_readonly("mapped", &HugePagePool::mapped);
   module.def("register_eager", &register_eager, py::arg("op_name"));
   module.def("register_autograd", &register_autograd);
+  module.def("register_inference_only", &register_inference_only, py::arg("op_name"), py::arg("refuse"));
   module.def("set_autograd_formulas", &set_autograd_formulas, py::arg("statistics_backward"),
              py::arg("differentiable_backward"));
   module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");

@@ -74,7 +74,8 @@ inline std::unique_ptr<LaunchRecord> make_prepare_launch(const void* bytes, DTyp
     *problem = "N=" + std::to_string(args.blocks) + " and S=" + std::to_string(args.queries) + " must be >= 1 and >= 0";
   }
   if (!problem->empty()) return nullptr;
-  args.stream_stores = args.queries * args.tokens * args.hidden * static_cast<int64_t>(sizeof(float)) >= stream_min_bytes;
+  const int64_t numerator_bytes = args.queries * args.tokens * args.hidden * static_cast<int64_t>(sizeof(float));
+  args.stream_stores = numerator_bytes >= stream_min_bytes;
   return std::make_unique<KernelLaunch<PrepareArgs>>(args);
 }
 

@@ -123,6 +123,12 @@ inline double row_max(const double* x, int64_t n) {
   return top;
 }
 
+// Pass 1 walks H in chunks of this many elements (a multiple of 16), every row block against every
+// query block over one chunk before the next: the chunk of all S float64 queries (16 KiB at S = 8)
+// stays in L1 while the row blocks reuse it, where whole rows would stream the queries from L2 once
+// per row block. The lanes go through memory between chunks; no element's operations change.
+constexpr int64_t kPrepareChunk = 256;
+
 // A task's scratch and the per-call constants it reads.
 struct PrepareTask {
   const PrepareArgs& args;
@@ -149,24 +155,30 @@ struct PrepareTask {
     for (int64_t i = 0; i < count * valid; ++i) dots[i] = dzero();
     const HiddenTiles& tiles = args.tiles;
     for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-      const int64_t h0 = tiles.begin(tile), h1 = tiles.end(tile);
-      for_row_groups<kPrepareDotRows>(valid, [&](auto k, int64_t r) {
-        for_row_groups<kPrepareDotQueries>(count, [&](auto q, int64_t s) {
-          const double* block_queries[decltype(q)::value];
-          for (int j = 0; j < decltype(q)::value; ++j) block_queries[j] = query(q0 + s + j);
-          D16* block_dots = dots.data() + s * valid + r;
-          if (s == 0) {  // the squares, and the next token's rows fetched, once per row
-            row_query_dots<decltype(k)::value, decltype(q)::value, true>(rows.data() + r, block_queries, h0, h1,
-                                                                         squares.data() + r, block_dots, valid,
-                                                                         next == nullptr ? nullptr : next + r);
-          } else {
-            row_query_dots<decltype(k)::value, decltype(q)::value, false>(rows.data() + r, block_queries, h0, h1,
-                                                                          squares.data() + r, block_dots, valid,
-                                                                          nullptr);
-          }
-        });
-      });
+      for (int64_t h0 = tiles.begin(tile); h0 < tiles.end(tile); h0 += kPrepareChunk) {
+        score_chunk(q0, count, next, h0, std::min(tiles.end(tile), h0 + kPrepareChunk));
+      }
     }
+  }
+
+  // Pass 1 over one chunk [h0, h1) of the hidden dimension, every row block against every query block.
+  void score_chunk(int64_t q0, int64_t count, const float* const* next, int64_t h0, int64_t h1) {
+    for_row_groups<kPrepareDotRows>(valid, [&](auto k, int64_t r) {
+      for_row_groups<kPrepareDotQueries>(count, [&](auto q, int64_t s) {
+        const double* block_queries[decltype(q)::value];
+        for (int j = 0; j < decltype(q)::value; ++j) block_queries[j] = query(q0 + s + j);
+        D16* block_dots = dots.data() + s * valid + r;
+        if (s == 0) {  // the squares, and the next token's rows fetched, once per row
+          row_query_dots<decltype(k)::value, decltype(q)::value, true>(rows.data() + r, block_queries, h0, h1,
+                                                                       squares.data() + r, block_dots, valid,
+                                                                       next == nullptr ? nullptr : next + r);
+        } else {
+          row_query_dots<decltype(k)::value, decltype(q)::value, false>(rows.data() + r, block_queries, h0, h1,
+                                                                        squares.data() + r, block_dots, valid,
+                                                                        nullptr);
+        }
+      });
+    });
   }
 
   // From the lanes: norms, then per query its logits' max, exps and their sum (stored), the exps as weights.

@@ -136,8 +136,8 @@ constexpr int64_t kFloat32RowChunk = 0;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. AVX2's 16 registers hold 1 x 2 dot accumulators (8 registers), and 4 queries x 1 group of
-// numerator sums (8).
+// groups for each of kPrepareSumQueries queries at a time. AVX2's 16 registers hold 1 x 2 dot
+// accumulators (8 registers) with their row, and 4 queries x 1 group of numerator sums (8).
 constexpr int kPrepareDotRows = 1;
 constexpr int kPrepareDotQueries = 2;
 constexpr int kPrepareSumQueries = 4;

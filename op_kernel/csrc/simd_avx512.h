@@ -168,8 +168,8 @@ constexpr int64_t kFloat32RowChunk = 64;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. AVX-512's 32 registers hold 2 x 4 dot accumulators (16 registers), and 4 queries x 2 groups of
-// numerator sums (8).
+// groups for each of kPrepareSumQueries queries at a time. AVX-512's 32 registers hold 2 x 4
+// dot accumulators (16 registers) with their rows, and 4 queries x 2 groups of numerator sums (8).
 constexpr int kPrepareDotRows = 2;
 constexpr int kPrepareDotQueries = 4;
 constexpr int kPrepareSumQueries = 4;

@@ -133,7 +133,8 @@ constexpr int64_t kFloat32RowChunk = 0;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. as the AVX2 path's (no one times this path).
+// groups for each of kPrepareSumQueries queries at a time. As the AVX2 path's (no one times
+// this path).
 constexpr int kPrepareDotRows = 1;
 constexpr int kPrepareDotQueries = 2;
 constexpr int kPrepareSumQueries = 4;
