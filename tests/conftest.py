@@ -100,6 +100,28 @@ def assert_bitwise_equal(name, actual, expected):
     assert same, f"{name} differs bitwise"
 
 
+def assert_same_bits_but_nan_payloads(name, actual, expected):
+    """The same bits wherever a result is a number; NaN at the same places. (Which NaN an operation
+    meeting several NaNs returns is up to the instruction, so float32 and float16 NaNs may differ in
+    sign and payload between instruction set paths; bfloat16 NaNs are always 0x7fc0.)"""
+    nan = torch.isnan(expected)
+    assert torch.equal(torch.isnan(actual), nan), f"{name}: NaN at different places"
+    if expected.dtype == torch.bfloat16:
+        assert_bitwise_equal(name, actual, expected)
+    else:
+        assert_bitwise_equal(name, actual[~nan], expected[~nan])
+
+
+@pytest.fixture
+def restore_isa_path():
+    """Puts the native kernels back on the instruction set path they ran on before the test."""
+    from attnres_ge.op_kernel import native  # only tests of the native kernels take this fixture
+
+    before = native.isa_path()
+    yield
+    native.use_isa_path(before)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()

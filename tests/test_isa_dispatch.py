@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import KERNELS_BY_TYPE, assert_bitwise_equal, make_inputs
+from conftest import KERNELS_BY_TYPE, assert_bitwise_equal, assert_same_bits_but_nan_payloads, make_inputs
 
 from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
@@ -24,13 +24,6 @@ NATIVE = {op_type: kernel(op, "native") for op_type, op in KERNELS_BY_TYPE.items
 FORWARD_NAMES = ("hidden_states", "inv_norm", "probs")
 BACKWARD_NAMES = ("grad_partial_block", "grad_block_res", "grad_proj_weight", "grad_norm_weight")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture
-def restore_isa_path():
-    before = native.isa_path()
-    yield
-    native.use_isa_path(before)
 
 
 def run_both(inputs, grad_hidden, cores, ub_size):
@@ -48,18 +41,6 @@ def run_both(inputs, grad_hidden, cores, ub_size):
     NATIVE["BlockAttentionResidualsGrad"](*inputs, grad_hidden, outputs[1], outputs[2], *grads, workspace,
                                           backward.data)
     return dict(zip(FORWARD_NAMES + BACKWARD_NAMES, outputs + grads, strict=True))
-
-
-def assert_same_bits_but_nan_payloads(name, actual, expected):
-    """The same bits wherever a result is a number; NaN at the same places. (Which NaN an operation
-    meeting several NaNs returns is up to the instruction, so float32 and float16 NaNs may differ in
-    sign and payload between paths; bfloat16 NaNs are always 0x7fc0.)"""
-    nan = torch.isnan(expected)
-    assert torch.equal(torch.isnan(actual), nan), f"{name}: NaN at different places"
-    if expected.dtype == torch.bfloat16:
-        assert_bitwise_equal(name, actual, expected)
-    else:
-        assert_bitwise_equal(name, actual[~nan], expected[~nan])
 
 
 def assert_paths_agree(inputs, grad_hidden, cores, ub_size, same=assert_bitwise_equal):

@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal
+from conftest import assert_bitwise_equal, assert_same_bits_but_nan_payloads
 
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.op_host import block_attn_res_prepare_tiling as prepare_tiling
@@ -26,13 +26,6 @@ from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
 native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
 NO_WORKSPACE = torch.empty(0, dtype=torch.uint8)
 DELTA_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture
-def restore_isa_path():
-    before = native.isa_path()
-    yield
-    native.use_isa_path(before)
 
 
 def platform(cores: int, ub_size: int) -> PlatformInfo:
@@ -119,17 +112,6 @@ def test_update_gives_the_same_bits_on_every_path(shape, delta_id, restore_isa_p
     tokens, hidden, cores, ub_size = shape
     inputs = update_case(tokens, hidden, DELTA_DTYPES[delta_id], seed=hidden)
     assert_paths_agree(lambda: run_update(inputs, cores, ub_size)[:2])
-
-
-def assert_same_bits_but_nan_payloads(name, actual, expected):
-    """The same bits wherever a result is a number, NaN at the same places (which NaN an instruction
-    returns from several is its own; bfloat16 NaNs are always 0x7fc0)."""
-    nan = torch.isnan(expected)
-    assert torch.equal(torch.isnan(actual), nan), f"{name}: NaN at different places"
-    if expected.dtype == torch.bfloat16:
-        assert_bitwise_equal(name, actual, expected)
-    else:
-        assert_bitwise_equal(name, actual[~nan], expected[~nan])
 
 
 @pytest.mark.parametrize("delta_id", DELTA_DTYPES)
