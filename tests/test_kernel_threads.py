@@ -55,6 +55,21 @@ def test_a_call_uses_at_most_torchs_thread_count_with_the_same_bits(threads, res
         assert_bitwise_equal(name, a, b)
 
 
+def test_back_to_back_short_calls_give_their_own_bits(restore_threads):
+    """Short calls one after the other on several threads: the caller may run all of a call's tasks before a
+    worker wakes, and a worker that wakes late must neither join a finished call (its context is gone) nor
+    miss the next one. Alternating shapes and task counts, each result against its one-thread run."""
+    cases = [make_inputs(tokens, 2, 48, seed=tokens) for tokens in (2, 3, 5)]
+    torch.set_num_threads(1)
+    expected = [forward_on(inputs, len(inputs[0])) for inputs in cases]
+    torch.set_num_threads(3)
+    for call in range(600):
+        index = call % len(cases)
+        outputs = forward_on(cases[index], len(cases[index][0]))
+        for name, a, b in zip(FORWARD_NAMES, outputs, expected[index], strict=True):
+            assert_bitwise_equal(f"call {call}: {name}", a, b)
+
+
 @pytest.mark.skipif(not op_common.CPP_ENTRY, reason="the C++ eager entry is not built")
 def test_the_cpp_entry_passes_torchs_thread_count(restore_threads, monkeypatch):
     from attnres_ge.op_kernel.launcher import default_runtime

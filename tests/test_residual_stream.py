@@ -4,6 +4,7 @@ path and, where the ops exist, the two-phase path: several block sizes, leading 
 from __future__ import annotations
 
 import collections
+import gc
 
 import pytest
 import torch
@@ -372,17 +373,29 @@ def test_a_stream_built_without_grad_refuses_outputs_that_need_one():
         stream.accumulate(embeddings_of((3,)).requires_grad_())
 
 
+def _two_ddp_steps() -> tuple[float, bool]:
+    """Two training steps of a DDP-wrapped model: (layer 0's largest |proj_weight.grad|, whether every parameter
+    has a gradient). The model, and with it DDP's reducer, is gone when this returns."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(BlockAttnResLM(layers=2, layers_per_block=1))
+    tokens = torch.randint(0, 64, (2, 5))
+    for _ in range(2):
+        model(tokens).sum().backward()
+    return (model.module.layers[0].attn_res.proj_weight.grad.abs().max().item(),
+            all(parameter.grad is not None for parameter in model.parameters()))
+
+
 def test_ddp_sees_every_mixer_used_even_the_one_candidate_read():
     """Layer 0's pre-attention read has one candidate; its mixer gets a zero gradient rather than none, so DDP
     (find_unused_parameters=False) does not fail on the next step for a parameter that received no gradient."""
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(BlockAttnResLM(layers=2, layers_per_block=1))
-        tokens = torch.randint(0, 64, (2, 5))
-        for _ in range(2):
-            model(tokens).sum().backward()
-        assert model.module.layers[0].attn_res.proj_weight.grad.abs().max() == 0
-        assert all(parameter.grad is not None for parameter in model.parameters())
+        largest_grad, every_parameter_has_grad = _two_ddp_steps()
     finally:
+        # The reducer died with the model, so the group's last reference goes here, where torch releases the
+        # GIL to destroy it. Had the reducer held it to the end, the group would be destroyed with the GIL
+        # held, and its gloo worker, which may need the GIL to free the work it ran, would never finish.
+        gc.collect()
         dist.destroy_process_group()
+    assert largest_grad == 0
+    assert every_parameter_has_grad

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <system_error>
@@ -20,8 +21,14 @@ thread_local int g_last_call_threads = 0;
 
 class Pool {
  public:
-  // Runs the call on the caller and up to `helpers` workers; the threads it ran on, or 0 (nothing
-  // run) when the pool is busy.
+  // Runs the call on the caller and up to `helpers` workers; the threads it was dealt to, or 0
+  // (nothing run) when the pool is busy.
+  //
+  // The caller starts on the tasks at once and never waits for a worker to wake: a worker joins
+  // only while tasks may be left (open_), and the caller, once it has run out of tasks, closes the
+  // call and waits for the workers that joined. Waking a sleeping thread can cost more than a small
+  // call (tens of microseconds on a virtual machine whose other cores are idle); such a call then
+  // runs on the caller alone instead of waiting for helpers that would find nothing left to do.
   int try_run(int64_t tasks, int helpers, TaskFunction task, void* context) {
     std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
     if (!busy.owns_lock()) return 0;
@@ -42,17 +49,31 @@ class Pool {
       tasks_ = tasks;
       next_.store(0, std::memory_order_relaxed);
       helpers_ = helpers;
-      running_ = helpers;
+      open_ = true;
       ++generation_;
     }
     wake_.notify_all();
     run_share();
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return running_ == 0; });
+    open_ = false;  // every task is taken: a worker waking from now on has nothing to join
+    if (joined_.load(std::memory_order_acquire) != 0) {
+      // The joined workers are running their last tasks: wait for them awake a while (they are about
+      // as long as the caller's), then asleep.
+      lock.unlock();
+      const auto give_up = std::chrono::steady_clock::now() + kAwakeWait;
+      while (joined_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      lock.lock();
+      done_.wait(lock, [this] { return joined_.load(std::memory_order_acquire) == 0; });
+    }
     return helpers + 1;
   }
 
  private:
+  // How long the caller waits awake for joined workers before it sleeps: about what waking it would cost.
+  static constexpr std::chrono::microseconds kAwakeWait{100};
+
   void run_share() {
     for (int64_t i = next_.fetch_add(1); i < tasks_; i = next_.fetch_add(1)) task_(context_, i);
   }
@@ -64,22 +85,27 @@ class Pool {
       // Sleep until a call that wants this worker: workers past `helpers_` stay asleep.
       wake_.wait(lock, [&] { return generation_ != seen && index < helpers_; });
       seen = generation_;
+      if (!open_) continue;  // the caller ran every task before this worker woke
+      joined_.fetch_add(1, std::memory_order_relaxed);
       // The caller's floating-point environment (rounding, flush-to-zero): a task's bits
       // must not depend on the thread that runs it.
       std::fesetenv(&caller_fenv_);
       lock.unlock();
       run_share();
       lock.lock();
-      if (--running_ == 0) done_.notify_one();
+      // Release: the caller that reads 0 (acquire) sees every output this worker wrote.
+      if (joined_.fetch_sub(1, std::memory_order_release) == 1) done_.notify_one();
     }
   }
 
   std::mutex call_mutex_;  // one call at a time
-  std::mutex mutex_;       // guards everything below but next_
+  std::mutex mutex_;       // guards everything below but next_ (joined_ changes under it too)
   std::condition_variable wake_, done_;
   int started_ = 0;
   uint64_t generation_ = 0;
-  int helpers_ = 0, running_ = 0;
+  int helpers_ = 0;
+  bool open_ = false;              // workers may still join the current call
+  std::atomic<int> joined_{0};     // workers running the current call
   std::fenv_t caller_fenv_{};
   TaskFunction task_ = nullptr;
   void* context_ = nullptr;

@@ -18,9 +18,10 @@ using TaskFunction = void (*)(void* context, int64_t task);
 
 // Runs task(context, i) for every i in [0, tasks) on at most max_threads threads, the
 // caller among them, and returns when all are done. Tasks are dealt in increasing order
-// to whichever thread is free, so a task must not depend on which thread runs it. When
-// another call is already using the pool (two callers at once), this one runs its tasks
-// on the calling thread alone.
+// to whichever thread is free, so a task must not depend on which thread runs it; a worker
+// that wakes after the caller has taken the last task does not join (a short call is not
+// held up by waking threads it does not need). When another call is already using the pool
+// (two callers at once), this one runs its tasks on the calling thread alone.
 void run_tasks(int64_t tasks, int max_threads, TaskFunction task, void* context);
 
 // How many threads the calling thread's latest run_tasks was dealt to (the caller
