@@ -169,8 +169,8 @@ class CompiledGraph:
     def _run_op_in_place(self, op: CompiledOp, plan: ShapePlan, args: list, tensors: list) -> list[torch.Tensor]:
         """A node with reference outputs, as the eager op runs it: the kernel writes each into its input
         (the contiguous copy where the fed tensor is not contiguous, copied back after), which is the output."""
-        # The eager op's own check, imported here: the local GE does not load the eager ops' module.
-        from attnres_ge.ge_plugin.op_common import check_references_not_aliased
+        # The eager op's own rules, imported here: the local GE does not load the eager ops' module.
+        from attnres_ge.ge_plugin.op_common import check_references_not_aliased, publish_reference_update
 
         try:  # as eager refuses it: the kernel would read what it has already overwritten
             check_references_not_aliased(op.prototype, args, WHERE_GRAPH)
@@ -185,10 +185,7 @@ class CompiledGraph:
         self.runtime.run_kernel(plan, tensors, outputs, workspace)
         for output_index, input_index in op.references:
             fed = args[input_index]
-            if outputs[output_index] is not fed:
-                fed.copy_(outputs[output_index])
-            else:  # written through its data pointer: autograd must still see that it changed
-                torch.autograd.graph.increment_version(fed)
+            publish_reference_update(fed, outputs[output_index])
             outputs[output_index] = fed
         return outputs
 

@@ -85,6 +85,16 @@ def check_references_not_aliased(proto: OpPrototype, tensors: Sequence[torch.Ten
                              f"view one storage ({reference} {list(updated.shape)}, {name} {list(other.shape)})")
 
 
+def publish_reference_update(fed: torch.Tensor, written: torch.Tensor) -> None:
+    """After a kernel wrote a reference output into `written` (the tensor fed as its input, or that tensor's
+    contiguous copy): copy it into the fed tensor, or, written in place through its data pointer, bump the
+    fed tensor's version, so that autograd sees the change either way."""
+    if written is not fed:
+        fed.copy_(written)
+    else:
+        torch.autograd.graph.increment_version(fed)
+
+
 def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """run_eager for an op with reference outputs: each is written into its own input tensor (through a
     contiguous copy, then copied back, when that input is not contiguous); returns the other outputs."""
@@ -103,10 +113,7 @@ def _launch_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mappi
     runtime.run_kernel(plan, inputs, outputs)
     for name in proto.reference_outputs():
         index = names.index(name)
-        if inputs[index] is not tensors[index]:
-            tensors[index].copy_(inputs[index])
-        else:  # written through its data pointer: autograd must still see that it changed
-            torch.autograd.graph.increment_version(tensors[index])
+        publish_reference_update(tensors[index], inputs[index])
     fresh = [out for arg, out in zip(proto.outputs, outputs, strict=True) if not proto.is_reference_output(arg.name)]
     return tuple(fresh), plan
 
@@ -169,6 +176,7 @@ __all__ = [
     "define_op",
     "fake_outputs",
     "forget_cached_launches",
+    "publish_reference_update",
     "run_eager",
     "run_eager_in_place",
 ]
