@@ -169,8 +169,10 @@ constexpr int64_t kFloat32RowChunk = 64;
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
 // groups for each of kPrepareSumQueries queries at a time. AVX-512's 32 registers hold 2 x 4
-// dot accumulators (16 registers) with their rows, and 4 queries x 2 groups of numerator sums (8).
+// dot accumulators (16 registers) with their rows, and 4 queries x 4 groups of numerator sums (16).
+// Timed from cache on an AMD Zen 4 host (N = S = 8, D = 2048 and 7168): 1 x 8, 2 x 3 and 3 x 2 dots were
+// 1.02-1.1 times as slow, 4 queries x 2 groups of sums 1.1-1.15 times (docs/kernels.md).
 constexpr int kPrepareDotRows = 2;
 constexpr int kPrepareDotQueries = 4;
 constexpr int kPrepareSumQueries = 4;
-constexpr int kPrepareSumGroups = 2;
+constexpr int kPrepareSumGroups = 4;
