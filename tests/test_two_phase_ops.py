@@ -92,6 +92,30 @@ def test_prepare_matches_the_float64_reference(tokens, blocks, queries, hidden, 
         assert_within(name, actual, reference, torch.float32)
 
 
+# The share of float32's tolerance prepare may use at the large-logit cases below. The kernels use about
+# 0.002-0.006 of it; float32 sums over D (pass 1 in float32 runs, tried: docs/kernels.md, "The two-phase
+# kernels") used 0.5-2.0 of it at these shapes.
+LARGE_LOGIT_SHARE = 0.05
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0, 10.0], ids=["unit", "one-sign", "one-sign-offset10"])
+def test_prepare_keeps_a_margin_with_large_logits(offset):
+    """Unit-scale queries at D = 8192 give logits of about 90; rows and queries of one sign (rows offset,
+    queries' magnitudes) logits of thousands. The numerator and exp_sum then carry the logits' absolute
+    error as a relative one."""
+    generator = torch.Generator().manual_seed(5)
+    block_res = torch.randn(4, 8, 8192, generator=generator) + offset
+    pseudo_query = torch.randn(8, 8192, generator=generator)
+    if offset:
+        pseudo_query = pseudo_query.abs()
+    outputs = prepare_op(block_res, count(8), pseudo_query)
+    expected = block_attn_res_prepare_reference(block_res, count(8), pseudo_query)
+    rtol, atol = TOLERANCES[torch.float32]
+    for name, actual, reference in zip(("numerator", "logit_max", "exp_sum"), outputs, expected, strict=True):
+        share = ((actual.double() - reference).abs() / (atol + rtol * reference.abs())).max().item()
+        assert share <= LARGE_LOGIT_SHARE, f"{name} used {share:.3f} of float32's tolerance at offset {offset}"
+
+
 def test_prepare_with_no_valid_block_writes_the_empty_state():
     block_res, pseudo_query = prepare_inputs(4, 3, 2, 16)
     numerator, logit_max, exp_sum = prepare_op(block_res, count(0), pseudo_query)
