@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin.op_common import LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin import cpp_entry
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_PREPARE as OP
-from attnres_ge.ge_plugin.ops import NAMESPACE
 from attnres_ge.op_kernel.reference import LOWEST_FLOAT32
 from attnres_ge.op_proto.op_def import float32
 
@@ -52,23 +52,45 @@ def masked_prepare(block_res, valid_blocks, pseudo_query, eps: float, dtype: tor
             torch.where(any_kept, weights.sum(dim=-1), 0.0))
 
 
-def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    ctx.save_for_backward(*inputs)  # block_res, valid_blocks, pseudo_query
-    ctx.eps = float32(keyword_only_inputs.get("eps", 1e-6))  # as the kernel holds it
+class _Differentiable(torch.autograd.Function):
+    """The op with its derivative: the kernel's outputs, and in the backward the vjp of masked_prepare."""
+
+    @staticmethod
+    def forward(block_res, valid_blocks, pseudo_query, eps):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.attnres.block_attn_res_prepare.default(block_res, valid_blocks, pseudo_query, eps=eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        block_res, valid_blocks, pseudo_query, eps = inputs
+        ctx.save_for_backward(block_res, valid_blocks, pseudo_query)
+        ctx.eps = float32(eps)  # as the kernel holds it
+
+    @staticmethod
+    def backward(ctx, grad_numerator, grad_logit_max, grad_exp_sum):
+        block_res, valid_blocks, pseudo_query = ctx.saved_tensors
+
+        def formula(rows, queries):
+            return masked_prepare(rows, valid_blocks, queries, ctx.eps)
+
+        outputs, pullback = torch.func.vjp(formula, block_res, pseudo_query)
+        cotangents = tuple(torch.zeros_like(out) if grad is None else grad.to(out.dtype)
+                           for out, grad in zip(outputs, (grad_numerator, grad_logit_max, grad_exp_sum), strict=True))
+        grad_block_res, grad_pseudo_query = pullback(cotangents)
+        return grad_block_res.to(block_res.dtype), None, grad_pseudo_query.to(pseudo_query.dtype), None
 
 
-def _backward(ctx, grad_numerator, grad_logit_max, grad_exp_sum):
-    block_res, valid_blocks, pseudo_query = ctx.saved_tensors
-
-    def formula(rows, queries):
-        return masked_prepare(rows, valid_blocks, queries, ctx.eps)
-
-    outputs, pullback = torch.func.vjp(formula, block_res, pseudo_query)
-    cotangents = tuple(torch.zeros_like(out) if grad is None else grad.to(out.dtype)
-                       for out, grad in zip(outputs, (grad_numerator, grad_logit_max, grad_exp_sum), strict=True))
-    grad_block_res, grad_pseudo_query = pullback(cotangents)
-    return grad_block_res.to(block_res.dtype), None, grad_pseudo_query.to(pseudo_query.dtype)
+def _autograd(block_res, valid_blocks, pseudo_query, *, eps=1e-6):
+    """The Autograd kernel without the C++ entry (whose own does the same, without Python for a call that
+    needs no gradient)."""
+    if torch.is_grad_enabled() and (block_res.requires_grad or pseudo_query.requires_grad):
+        return _Differentiable.apply(block_res, valid_blocks, pseudo_query, eps)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.attnres.block_attn_res_prepare.default(block_res, valid_blocks, pseudo_query, eps=eps)
 
 
 define_op(OP, SCHEMA, _fake, _cpu)
-torch.library.register_autograd(f"{NAMESPACE}::{NAME}", _backward, setup_context=_setup_context, lib=LIBRARY)
+if CPP_ENTRY:
+    cpp_entry.MODULE.register_gradient_in_python(NAME, _Differentiable.apply)
+else:
+    LIBRARY.impl(NAME, _autograd, "Autograd")

@@ -40,9 +40,11 @@ def _fake(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, *, 
     return h
 
 
-def refuse_gradients(needing: list[str]) -> None:
-    """The op has no derivative (CANN's has none either): a call that would need one fails, naming the
-    inputs that require a gradient."""
+def refuse_gradients(*arguments) -> None:
+    """The op has no derivative (CANN's has none either): a call that would need one (the op's arguments,
+    in schema order) fails, naming the inputs that require a gradient."""
+    needing = [name for name, value in zip(OP.prototype.input_names(), arguments)
+               if isinstance(value, torch.Tensor) and value.requires_grad]
     Checker(OP.op_type, WHERE_EAGER).fail(
         f"the op is inference-only (no gradient), but {', '.join(needing)} "
         f"{'requires' if len(needing) == 1 else 'require'} grad; call it under "
@@ -52,17 +54,14 @@ def refuse_gradients(needing: list[str]) -> None:
 def _autograd(*tensors, eps=1e-6):
     """The Autograd kernel without the C++ entry (whose own does the same without Python): refuse a call
     that would need a gradient; any other goes on below autograd."""
-    if torch.is_grad_enabled():
-        needing = [name for name, tensor in zip(OP.prototype.input_names(), tensors, strict=True)
-                   if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
-        if needing:
-            refuse_gradients(needing)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        refuse_gradients(*tensors)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attnres.block_attn_res_update.default(*tensors, eps=eps)
 
 
 define_op(OP, SCHEMA, _fake, _cpu)
 if CPP_ENTRY:
-    cpp_entry.MODULE.register_inference_only(NAME, refuse_gradients)
+    cpp_entry.MODULE.register_gradient_in_python(NAME, refuse_gradients)
 else:
     LIBRARY.impl(NAME, _autograd, "Autograd")

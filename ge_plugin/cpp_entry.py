@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-INTERFACE_VERSION = 7  # what ge_plugin/csrc/cpp_entry.cpp exports as INTERFACE_VERSION
+INTERFACE_VERSION = 8  # what ge_plugin/csrc/cpp_entry.cpp exports as INTERFACE_VERSION
 
 
 def _load():

@@ -294,6 +294,44 @@ def test_a_repeated_update_runs_in_cpp_in_place(python_entry_calls):
         assert_bitwise_equal("h", h, first_h)
 
 
+def python_frames(call) -> list[str]:
+    """The Python functions that run during call(), less torch.ops' own entry (torch/_ops.py) and the
+    caller's lambda: what a dispatcher kernel calls back into Python, torch's or ours."""
+    skipped = {Path(torch._ops.__file__).resolve(), Path(__file__).resolve()}
+    frames = []
+
+    def profile(frame, event, arg):
+        if event == "call" and Path(frame.f_code.co_filename).resolve() not in skipped:
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_qualname}")
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return frames
+
+
+def test_a_repeated_prepare_that_needs_no_gradient_runs_no_python():
+    """Its Autograd kernel is C++: only a call that needs a gradient enters Python (the derivative), and a
+    repeated signature's launch is C++ too; the outputs then carry autograd history only when they need it."""
+    generator = torch.Generator().manual_seed(33)
+    block_res, queries = torch.randn(2, 3, 40, generator=generator), torch.randn(4, 40, generator=generator)
+    valid = torch.tensor([3], dtype=torch.uint64)
+    prepare = torch.ops.attnres.block_attn_res_prepare
+    first = prepare(block_res, valid, queries)
+    for grad_mode in (torch.no_grad, torch.enable_grad):
+        with grad_mode():
+            assert python_frames(lambda: prepare(block_res, valid, queries)) == []
+    differentiable = queries.clone().requires_grad_()
+    frames = python_frames(lambda: prepare(block_res, valid, differentiable))
+    assert any("_Differentiable" in frame for frame in frames), frames
+    outputs = prepare(block_res, valid, differentiable)
+    assert all(out.grad_fn is not None for out in outputs)
+    for name, out, expected in zip(("numerator", "logit_max", "exp_sum"), outputs, first, strict=True):
+        assert_bitwise_equal(name, out.detach(), expected)
+
+
 def test_a_repeated_update_that_cannot_run_in_place_goes_to_python(python_entry_calls):
     """A non-contiguous partial_block (written back through a copy) and one that overlaps another argument
     (refused, naming both) take the Python entry even when their signature is cached."""

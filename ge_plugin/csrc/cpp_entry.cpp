@@ -12,8 +12,8 @@
 //   register_autograd()  the Autograd kernels of the two Block AttnRes ops, their own formulas in C++
 //               (block_attention_residuals_autograd.h)
 //   set_autograd_formulas()  the Python functions those two call for the rare derivatives
-//   register_inference_only(op_name, refuse)  the Autograd kernel of an op with no derivative: Python is
-//               called only to raise for a call that would need one
+//   register_gradient_in_python(op_name, on_gradient)  the Autograd kernel of an op whose derivative (or
+//               refusal to have one) is Python's: Python is called only for a call that needs a gradient
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
 //               per signature and reused only when provably free (GraphNode::Slot: the rule
 //               op_kernel/buffer_pool.py applies too)
@@ -35,6 +35,7 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -525,43 +526,63 @@ std::pair<std::shared_ptr<HugePagePool>, int64_t> use_output_pool(std::shared_pt
   return previous;
 }
 
-// The Autograd kernel of an inference-only op (one without a derivative): a call that would need a gradient
-// (grad mode on, a tensor argument requiring grad) goes to Python's refuse(names of those arguments), which
-// raises the op's error; any other call goes on below autograd, without Python.
-class InferenceOnlyKernel final : public c10::OperatorKernel {
+// The Autograd kernel of an op whose derivative, if it has one, is Python's: a call that needs a gradient
+// (grad mode on, a tensor argument requiring grad) goes to Python's on_gradient(*arguments), which returns
+// the op's outputs with their autograd history, or raises (an op without a derivative); any other call
+// goes on below autograd without Python.
+class GradientInPythonKernel final : public c10::OperatorKernel {
  public:
-  // The reference to `refuse` is never dropped: the dispatcher may destroy its kernels at exit, after
-  // Python has finalized, when no reference may be touched.
-  explicit InferenceOnlyKernel(py::object refuse) : refuse_(refuse.release()) {}
+  // The reference to `on_gradient` is never dropped: the dispatcher may destroy its kernels at exit,
+  // after Python has finalized, when no reference may be touched.
+  explicit GradientInPythonKernel(py::object on_gradient) : on_gradient_(on_gradient.release()) {}
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-    if (c10::GradMode::is_enabled()) {
-      const auto& arguments = handle.schema().arguments();
-      auto values = torch::jit::last(*stack, arguments.size());
-      std::vector<std::string> needing;
-      for (size_t index = 0; index < arguments.size(); ++index) {
-        if (values[index].isTensor() && values[index].toTensor().requires_grad()) {
-          needing.push_back(arguments[index].name());
-        }
-      }
-      if (!needing.empty()) {
-        py::gil_scoped_acquire gil;
-        refuse_(needing);  // raises; Python errors propagate as they are
-        throw std::runtime_error("attnres_ge._cpp_entry: " + handle.schema().name() + " needs a gradient");
-      }
+    if (c10::GradMode::is_enabled() && needs_gradient(handle, *stack)) {
+      call_python(handle, stack);
+      return;
     }
     handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   }
 
  private:
-  py::handle refuse_;
+  static bool needs_gradient(const c10::OperatorHandle& handle, const torch::jit::Stack& stack) {
+    for (const auto& value : torch::jit::last(stack, handle.schema().arguments().size())) {
+      if (value.isTensor() && value.toTensor().requires_grad()) return true;
+    }
+    return false;
+  }
+
+  // The arguments off the stack into on_gradient, its outputs (one, or a tuple of several) onto it.
+  void call_python(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+    const auto& schema = handle.schema();
+    std::vector<c10::IValue> values = torch::jit::pop(*stack, schema.arguments().size());
+    py::gil_scoped_acquire gil;
+    py::tuple arguments(values.size());
+    for (size_t index = 0; index < values.size(); ++index) arguments[index] = torch::jit::toPyObject(values[index]);
+    py::object outputs = on_gradient_(*arguments);  // Python errors propagate as they are
+    const auto& returns = schema.returns();
+    if (returns.size() == 1) {
+      stack->push_back(torch::jit::toIValue(outputs, returns[0].type()));
+      return;
+    }
+    py::tuple items = py::cast<py::tuple>(outputs);
+    if (items.size() != returns.size()) {
+      throw std::runtime_error("attnres_ge._cpp_entry: " + schema.name() + "'s Python autograd returned " +
+                               std::to_string(items.size()) + " outputs, not " + std::to_string(returns.size()));
+    }
+    for (size_t index = 0; index < returns.size(); ++index) {
+      stack->push_back(torch::jit::toIValue(items[index], returns[index].type()));
+    }
+  }
+
+  py::handle on_gradient_;
 };
 
-void register_inference_only(const std::string& op_name, py::object refuse) {
+void register_gradient_in_python(const std::string& op_name, py::object on_gradient) {
   auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "attnres", c10::DispatchKey::Autograd,
                                                    __FILE__, __LINE__);
-  autograd->impl(op_name.c_str(),
-                 torch::CppFunction::makeFromBoxedFunctor(std::make_unique<InferenceOnlyKernel>(std::move(refuse))));
+  autograd->impl(op_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                      std::make_unique<GradientInPythonKernel>(std::move(on_gradient))));
   EntryState& entry = state();
   std::lock_guard<std::mutex> lock(entry.mutex);
   entry.registrations.push_back(std::move(autograd));
@@ -603,7 +624,7 @@ size_t cached_launches() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "The ops' C++ entry (private: used by attnres_ge.ge_plugin.op_common and local_ge)";
   // What Python checks before using this module: a build of other sources is not used.
-  module.attr("INTERFACE_VERSION") = 7;
+  module.attr("INTERFACE_VERSION") = 8;
   module.def("install", &install, py::arg("first_call"), py::arg("max_signatures"), py::arg("output_pool_min_bytes"));
   module.def("empty_output", [](const std::vector<int64_t>& shape, at::ScalarType dtype) {
     return eager_output({shape, dtype});
@@ -617,7 +638,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def_property_readonly("mapped", &HugePagePool::mapped);
   module.def("register_eager", &register_eager, py::arg("op_name"));
   module.def("register_autograd", &register_autograd);
-  module.def("register_inference_only", &register_inference_only, py::arg("op_name"), py::arg("refuse"));
+  module.def("register_gradient_in_python", &register_gradient_in_python, py::arg("op_name"),
+             py::arg("on_gradient"));
   module.def("set_autograd_formulas", &set_autograd_formulas, py::arg("statistics_backward"),
              py::arg("differentiable_backward"));
   module.def("forget", &forget, "Drop every cached launch (eager and graph nodes)");
