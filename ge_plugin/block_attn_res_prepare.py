@@ -6,7 +6,9 @@
 Differentiable in block_res and pseudo_query (CANN lists the op for training). The backward is not
 fused: it differentiates `masked_prepare` below, the op's formulas in float64 torch ops, by
 torch.func.vjp. That formula masks the snapshots past Nv = min(valid_blocks[0], N) rather than
-slicing them off, so it needs no Python int from a tensor and traces under torch.compile.
+slicing them off, so it needs no Python int from a tensor and traces under torch.compile. The Autograd
+kernel is the C++ entry's where it is built: a call that needs no gradient (a decode step's) goes below
+autograd without Python; one that needs one runs _Differentiable.
 """
 
 from __future__ import annotations
