@@ -85,7 +85,8 @@ class _Differentiable(torch.autograd.Function):
 def _autograd(block_res, valid_blocks, pseudo_query, *, eps=1e-6):
     """The Autograd kernel without the C++ entry (whose own does the same, without Python for a call that
     needs no gradient)."""
-    if torch.is_grad_enabled() and (block_res.requires_grad or pseudo_query.requires_grad):
+    tensors = (block_res, valid_blocks, pseudo_query)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
         return _Differentiable.apply(block_res, valid_blocks, pseudo_query, eps)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attnres.block_attn_res_prepare.default(block_res, valid_blocks, pseudo_query, eps=eps)
