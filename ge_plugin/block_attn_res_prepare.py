@@ -6,17 +6,16 @@
 Differentiable in block_res and pseudo_query (CANN lists the op for training). The backward is not
 fused: it differentiates `masked_prepare` below, the op's formulas in float64 torch ops, by
 torch.func.vjp. That formula masks the snapshots past Nv = min(valid_blocks[0], N) rather than
-slicing them off, so it needs no Python int from a tensor and traces under torch.compile. The Autograd
-kernel is the C++ entry's where it is built: a call that needs no gradient (a decode step's) goes below
-autograd without Python; one that needs one runs _Differentiable.
+slicing them off, so it needs no Python int from a tensor and traces under torch.compile. Its Autograd
+kernel (op_common.register_gradient_in_python) sends a call that needs no gradient (a decode step's)
+below autograd, without Python where the C++ entry is built; one that needs one runs _Differentiable.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin import cpp_entry
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin.op_common import define_op, fake_outputs, register_gradient_in_python, run_eager
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_PREPARE as OP
 from attnres_ge.op_kernel.reference import LOWEST_FLOAT32
 from attnres_ge.op_proto.op_def import float32
@@ -82,18 +81,5 @@ class _Differentiable(torch.autograd.Function):
         return grad_block_res.to(block_res.dtype), None, grad_pseudo_query.to(pseudo_query.dtype), None
 
 
-def _autograd(block_res, valid_blocks, pseudo_query, *, eps=1e-6):
-    """The Autograd kernel without the C++ entry (whose own does the same, without Python for a call that
-    needs no gradient)."""
-    tensors = (block_res, valid_blocks, pseudo_query)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        return _Differentiable.apply(block_res, valid_blocks, pseudo_query, eps)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.attnres.block_attn_res_prepare.default(block_res, valid_blocks, pseudo_query, eps=eps)
-
-
 define_op(OP, SCHEMA, _fake, _cpu)
-if CPP_ENTRY:
-    cpp_entry.MODULE.register_gradient_in_python(NAME, _Differentiable.apply)
-else:
-    LIBRARY.impl(NAME, _autograd, "Autograd")
+register_gradient_in_python(NAME, _Differentiable.apply)

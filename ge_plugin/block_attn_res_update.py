@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin import cpp_entry
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager_in_place
+from attnres_ge.ge_plugin.op_common import define_op, fake_outputs, register_gradient_in_python, run_eager_in_place
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_UPDATE as OP
 from attnres_ge.op_proto.op_def import WHERE_EAGER, Checker
 
@@ -51,17 +50,5 @@ def refuse_gradients(*arguments) -> None:
         "torch.no_grad() or on detached tensors")
 
 
-def _autograd(*tensors, eps=1e-6):
-    """The Autograd kernel without the C++ entry (whose own does the same without Python): refuse a call
-    that would need a gradient; any other goes on below autograd."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        refuse_gradients(*tensors)
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.attnres.block_attn_res_update.default(*tensors, eps=eps)
-
-
 define_op(OP, SCHEMA, _fake, _cpu)
-if CPP_ENTRY:
-    cpp_entry.MODULE.register_gradient_in_python(NAME, refuse_gradients)
-else:
-    LIBRARY.impl(NAME, _autograd, "Autograd")
+register_gradient_in_python(NAME, refuse_gradients)

@@ -162,6 +162,27 @@ def define_op(op: TorchOp, schema: str, fake: Callable, python_cpu: Callable) ->
         LIBRARY.impl(op.name, python_cpu, "CPU")
 
 
+def register_gradient_in_python(op_name: str, on_gradient: Callable) -> None:
+    """The Autograd kernel of attnres::<op_name>, whose derivative (or refusal to have one) is Python's: a
+    call that needs a gradient (grad mode on, a tensor argument requiring grad) goes to
+    on_gradient(*arguments in schema order), which returns the outputs with their autograd history or
+    raises; any other call goes on below autograd. The C++ entry's kernel where it is built (no Python for
+    a call that needs no gradient), else the same in Python."""
+    if CPP_ENTRY:
+        cpp_entry.MODULE.register_gradient_in_python(op_name, on_gradient)
+        return
+    overload = getattr(getattr(torch.ops, NAMESPACE), op_name).default
+    keyword_only = [argument for argument in overload._schema.arguments if argument.kwarg_only]
+
+    def autograd(*arguments, **keywords):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arguments):
+            return on_gradient(*arguments, *(keywords.get(k.name, k.default_value) for k in keyword_only))
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*arguments, **keywords)
+
+    LIBRARY.impl(op_name, autograd, "Autograd")
+
+
 def forget_cached_launches() -> None:
     """Make the C++ entry ask the Python one again for every signature (e.g. after replacing the process
     runtime); nothing to do without it."""
@@ -177,6 +198,7 @@ __all__ = [
     "fake_outputs",
     "forget_cached_launches",
     "publish_reference_update",
+    "register_gradient_in_python",
     "run_eager",
     "run_eager_in_place",
 ]
