@@ -182,7 +182,7 @@ RUN_EDGE_CASES = {
                          [(torch.float16, "plain")])  # float16's range keeps its terms inside float32's
 def test_16bit_values_float32_runs_cannot_hold_meet_the_reference(dtype, case):
     value_scale, weight_scale, norm_eps = RUN_EDGE_CASES[case]
-    partial, blocks, proj, norm = make_inputs(24, 3, 300, seed=13)  # 300: runs of 128, 128 and 44
+    partial, blocks, proj, norm = make_inputs(24, 3, 1100, seed=13)  # 1100: runs of 512, 512 and 76
     blocks[:, 1] = 0.0
     inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
               (norm * weight_scale).to(dtype))
@@ -213,11 +213,11 @@ def test_16bit_gradients_float32_runs_cannot_hold_meet_the_reference(dtype, case
     """The backward op against the float64 evaluation of its formulas from the statistics it receives; the
     input gradients scaled by 1 / gradient scale first, so that tiny ones are held to the relative tolerance."""
     value_scale, grad_scale, weight_scale, norm_eps = BACKWARD_RUN_EDGE_CASES[case]
-    partial, blocks, proj, norm = make_inputs(24, 3, 300, seed=17)  # 300: runs of 128, 128 and 44
+    partial, blocks, proj, norm = make_inputs(24, 3, 1100, seed=17)  # 1100: runs of 512, 512 and 76
     blocks[:, 1] = 0.0
     inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
               (norm * weight_scale).to(dtype))
-    grad_hidden = (torch.randn(24, 300, generator=torch.Generator().manual_seed(3)) * grad_scale).to(dtype)
+    grad_hidden = (torch.randn(24, 1100, generator=torch.Generator().manual_seed(3)) * grad_scale).to(dtype)
     (_, inv_norm, probs), _ = run_forward(inputs, norm_eps=norm_eps)
     grads, _ = run_backward(inputs, (inv_norm, probs), grad_hidden)
     expected = block_attention_residuals_grad_reference(*inputs, grad_hidden, inv_norm, probs)
