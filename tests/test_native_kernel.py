@@ -170,6 +170,7 @@ def test_bits_do_not_depend_on_cores_or_hidden_tiles(shape, dtype):
 # The forward sums 16-bit inputs in short float32 runs (op_kernel/csrc/forward_kernel.h, kRunGroups) and
 # sums a row again in float64 lanes where float32 would have lost bits. Each case: (value scale, weight
 # scale, norm_eps); one row of every token is zero.
+RUN_EDGE_HIDDEN = 1100  # whole runs of 512 elements (kRunGroups 32) and a partial one: 512, 512, 76
 RUN_EDGE_CASES = {
     "squares-beyond-float32": (1e25, 1.0, 1e-6),  # v^2 ~ 1e50 overflows float32
     "squares-float32-subnormal": (1e-22, 1.0, 2.0**-149),  # v^2 ~ 1e-44, larger than eps
@@ -182,7 +183,7 @@ RUN_EDGE_CASES = {
                          [(torch.float16, "plain")])  # float16's range keeps its terms inside float32's
 def test_16bit_values_float32_runs_cannot_hold_meet_the_reference(dtype, case):
     value_scale, weight_scale, norm_eps = RUN_EDGE_CASES[case]
-    partial, blocks, proj, norm = make_inputs(24, 3, 1100, seed=13)  # 1100: runs of 512, 512 and 76
+    partial, blocks, proj, norm = make_inputs(24, 3, RUN_EDGE_HIDDEN, seed=13)
     blocks[:, 1] = 0.0
     inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
               (norm * weight_scale).to(dtype))
@@ -213,11 +214,11 @@ def test_16bit_gradients_float32_runs_cannot_hold_meet_the_reference(dtype, case
     """The backward op against the float64 evaluation of its formulas from the statistics it receives; the
     input gradients scaled by 1 / gradient scale first, so that tiny ones are held to the relative tolerance."""
     value_scale, grad_scale, weight_scale, norm_eps = BACKWARD_RUN_EDGE_CASES[case]
-    partial, blocks, proj, norm = make_inputs(24, 3, 1100, seed=17)  # 1100: runs of 512, 512 and 76
+    partial, blocks, proj, norm = make_inputs(24, 3, RUN_EDGE_HIDDEN, seed=17)
     blocks[:, 1] = 0.0
     inputs = ((partial * value_scale).to(dtype), (blocks * value_scale).to(dtype), (proj * weight_scale).to(dtype),
               (norm * weight_scale).to(dtype))
-    grad_hidden = (torch.randn(24, 1100, generator=torch.Generator().manual_seed(3)) * grad_scale).to(dtype)
+    grad_hidden = (torch.randn(partial.shape, generator=torch.Generator().manual_seed(3)) * grad_scale).to(dtype)
     (_, inv_norm, probs), _ = run_forward(inputs, norm_eps=norm_eps)
     grads, _ = run_backward(inputs, (inv_norm, probs), grad_hidden)
     expected = block_attention_residuals_grad_reference(*inputs, grad_hidden, inv_norm, probs)
