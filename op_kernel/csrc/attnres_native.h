@@ -154,6 +154,27 @@ inline FP16 from_float<FP16>(float x) {
   return FP16{static_cast<uint16_t>(sign | (rebased >> 13))};
 }
 
+// float16 -> float32 as vcvtph2ps does it (the paths without F16C): exact, a signalling NaN comes back quiet.
+inline float fp16_lane(FP16 x) {
+  float f = to_float(x);
+  if (std::isnan(f)) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits |= 0x00400000u;
+    std::memcpy(&f, &bits, sizeof f);
+  }
+  return f;
+}
+
+// float32 -> float16 as vcvtps2ph does it: round to nearest even, and a NaN keeps its
+// sign and the top bits of its payload (from_float<FP16> makes every NaN 0x7e00).
+inline FP16 fp16_pack_lane(float x) {
+  if (!std::isnan(x)) return from_float<FP16>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return FP16{static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu))};
+}
+
 // ---------------------------------------------------------------------------
 // Scratch rows (no vector code).
 

@@ -236,6 +236,12 @@ struct RunSums {
   V16 x, w;
 };
 
+// v * w + sum: bfloat16's v * w is exact in float32 (8 + 16 significant bits), float16's is not (11 + 22).
+template <typename T>
+inline V16 add_weight_term(V16 v, V16 w, V16 sum) {
+  return std::is_same<T, BF16>::value ? vfma_exact_product(v, w, sum) : vfma(v, w, sum);
+}
+
 // Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
 // completes, or reaches H, to the rows' float64 lanes. x: the shared row of the sums with x (the
 // backward's go, as T; unused with kSquares), w: the score weight as float32 in the lane layout of T.
@@ -260,8 +266,8 @@ inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h
       for (int r = 0; r < kRows; ++r) {
         if (next != nullptr && next[r] != nullptr) prefetch_l2(next[r] + h);
         const V16 v = vload(rows[r] + h);
-        x_sums[r] = vfma(v, kSquares ? v : xv, x_sums[r]);
-        w_sums[r] = vfma(v, wv, w_sums[r]);
+        x_sums[r] = vfma_exact_product(v, kSquares ? v : xv, x_sums[r]);
+        w_sums[r] = add_weight_term<T>(v, wv, w_sums[r]);
       }
     }
     if (h < stop) {  // the last, partial group (stop == H), zero padded
@@ -271,8 +277,8 @@ inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h
 #pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
         const V16 v = vload_partial(rows[r] + h, stop - h);
-        x_sums[r] = vfma(v, kSquares ? v : xv, x_sums[r]);
-        w_sums[r] = vfma(v, wv, w_sums[r]);
+        x_sums[r] = vfma_exact_product(v, kSquares ? v : xv, x_sums[r]);
+        w_sums[r] = add_weight_term<T>(v, wv, w_sums[r]);
       }
       h = stop;
     }

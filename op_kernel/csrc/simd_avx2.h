@@ -9,6 +9,10 @@ inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V16 vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+// a * b + c for lanes whose product is exact in float32 when it is a normal float32 (or zero): the
+// products of two 16-bit values and of a bfloat16 with a float32 of at most 16 significant bits
+// (kernel_loops.h, add_runs). The same bits as vfma for those operands; simd_sse2.h uses the promise.
+inline V16 vfma_exact_product(V16 a, V16 b, V16 c) { return vfma(a, b, c); }
 
 // D16, the same 16 lanes in float64, four registers of 4 (lanes 0-3, 4-7, 8-11, 12-15): the
 // accumulators of the sums over hidden that feed per-token scalars (simd_avx512.h says why).

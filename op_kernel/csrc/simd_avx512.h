@@ -12,6 +12,10 @@ inline V16 vzero() { return {_mm512_setzero_ps()}; }
 inline V16 vset(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+// a * b + c for lanes whose product is exact in float32 when it is a normal float32 (or zero): the
+// products of two 16-bit values and of a bfloat16 with a float32 of at most 16 significant bits
+// (kernel_loops.h, add_runs). The same bits as vfma for those operands; simd_sse2.h uses the promise.
+inline V16 vfma_exact_product(V16 a, V16 b, V16 c) { return vfma(a, b, c); }
 
 // D16, the same 16 lanes in float64 (lanes 0-7 in lo, 8-15 in hi): the accumulators of the
 // sums over hidden that feed per-token scalars (norms, scores, the backward's coefficients).

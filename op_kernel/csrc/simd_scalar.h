@@ -1,8 +1,9 @@
 // V16, the 16 float32 lanes, for any CPU: an array, one lane at a time. Included by
-// isa_scalar.cpp inside its namespace. Every operation gives the bits of its vector
-// counterparts in simd_avx2.h and simd_avx512.h: vfma rounds once like the FMA
-// instructions, lane_sum uses the same tree, bfloat16 uses the same lane layout
-// (lane_element) and conversions (NaN to 0x7fc0), float16 converts like F16C.
+// isa_scalar.cpp inside its namespace on CPUs other than x86 (x86 takes simd_sse2.h), and by
+// tests/csrc/sse2_check.cpp as the reference simd_sse2.h is compared with. Every operation gives
+// the bits of its vector counterparts in simd_avx2.h and simd_avx512.h: vfma rounds once like the
+// FMA instructions (the C library's fmaf), lane_sum uses the same tree, bfloat16 uses the same lane
+// layout (lane_element) and conversions (NaN to 0x7fc0), float16 converts like F16C.
 
 struct V16 {
   float l[16];
@@ -14,61 +15,17 @@ inline V16 vset(float x) {
   for (int i = 0; i < 16; ++i) r.l[i] = x;
   return r;
 }
-#if defined(__SSE2__)
-// The baseline of x86-64 has SSE2 but no fused multiply-add, and there the C library's fmaf is a software
-// routine (about 21 ns a call on a Zen 4 core with its FMA masked off, against 1.4 ns a lane here). So
-// float32 a * b + c is computed in float64, two lanes at a time: the product of two float32 values is
-// exact there, and the sum is rounded to odd (rounded to nearest, then, where inexact and even, moved one
-// unit toward the exact sum, found by TwoSum); rounding that to float32 gives the correctly rounded fused
-// multiply-add (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms
-// using rounding to odd", 2008), the bits of an FMA instruction. It needs the default floating-point
-// environment (round to nearest, no flush to zero, no denormals-are-zero): under any other MXCSR, vfma
-// calls fmaf, which follows the environment as the instructions do.
-inline __m128d sum_rounded_to_odd(__m128d a, __m128d b, __m128d c) {
-  const __m128d product = _mm_mul_pd(a, b);
-  const __m128d sum = _mm_add_pd(product, c);
-  const __m128d c_part = _mm_sub_pd(sum, product);
-  const __m128d error = _mm_add_pd(_mm_sub_pd(product, _mm_sub_pd(sum, c_part)), _mm_sub_pd(c, c_part));
-  const __m128i bits = _mm_castpd_si128(sum);
-  const __m128i one = _mm_set_epi64x(1, 1);
-  const __m128d inexact_and_finite = _mm_and_pd(_mm_cmpneq_pd(error, _mm_setzero_pd()),
-                                                _mm_cmplt_pd(_mm_andnot_pd(_mm_set1_pd(-0.0), sum),
-                                                             _mm_set1_pd(INFINITY)));
-  // SSE2 compares 32-bit integers only: the low half's verdict copied to the high half of each lane.
-  const __m128i even = _mm_shuffle_epi32(_mm_cmpeq_epi32(_mm_and_si128(bits, one), _mm_setzero_si128()),
-                                         _MM_SHUFFLE(2, 2, 0, 0));
-  const __m128i toward_zero = _mm_srli_epi64(_mm_xor_si128(bits, _mm_castpd_si128(error)), 63);  // signs differ
-  const __m128i step = _mm_sub_epi64(one, _mm_slli_epi64(toward_zero, 1));                       // +1 or -1
-  const __m128i adjust = _mm_and_si128(_mm_and_si128(step, even), _mm_castpd_si128(inexact_and_finite));
-  return _mm_castsi128_pd(_mm_add_epi64(bits, adjust));
-}
-
-// Four lanes of float32 a * b + c with one rounding, in the default floating-point environment.
-inline __m128 fma_four(__m128 a, __m128 b, __m128 c) {
-  const __m128d low = sum_rounded_to_odd(_mm_cvtps_pd(a), _mm_cvtps_pd(b), _mm_cvtps_pd(c));
-  const __m128d high = sum_rounded_to_odd(_mm_cvtps_pd(_mm_movehl_ps(a, a)), _mm_cvtps_pd(_mm_movehl_ps(b, b)),
-                                          _mm_cvtps_pd(_mm_movehl_ps(c, c)));
-  return _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high));
-}
-
-// MXCSR's rounding control, flush-to-zero and denormals-are-zero bits: all clear by default.
-constexpr unsigned kNonDefaultMxcsr = 0xe040u;
-#endif
 
 // a * b + c with one rounding.
 inline V16 vfma(V16 a, V16 b, V16 c) {
   V16 r;
-#if defined(__SSE2__)
-  if (__builtin_expect((_mm_getcsr() & kNonDefaultMxcsr) == 0, 1)) {
-    for (int i = 0; i < 16; i += 4) {
-      _mm_storeu_ps(r.l + i, fma_four(_mm_loadu_ps(a.l + i), _mm_loadu_ps(b.l + i), _mm_loadu_ps(c.l + i)));
-    }
-    return r;
-  }
-#endif
   for (int i = 0; i < 16; ++i) r.l[i] = std::fmaf(a.l[i], b.l[i], c.l[i]);
   return r;
 }
+// a * b + c for lanes whose product is exact in float32 when it is a normal float32 (or zero): the
+// products of two 16-bit values and of a bfloat16 with a float32 of at most 16 significant bits
+// (kernel_loops.h, add_runs). The same bits as vfma for those operands; simd_sse2.h uses the promise.
+inline V16 vfma_exact_product(V16 a, V16 b, V16 c) { return vfma(a, b, c); }
 inline V16 vmul(V16 a, V16 b) {
   V16 r;
   for (int i = 0; i < 16; ++i) r.l[i] = a.l[i] * b.l[i];
@@ -106,27 +63,6 @@ inline double lane_sum(D16 v) {
   for (int i = 0; i < 4; ++i) s[i] = s[i] + s[i + 4];
   for (int i = 0; i < 2; ++i) s[i] = s[i] + s[i + 2];
   return s[0] + s[1];
-}
-
-// float16 -> float32 as vcvtph2ps does it: exact, a signalling NaN comes back quiet.
-inline float fp16_lane(FP16 x) {
-  float f = to_float(x);
-  if (std::isnan(f)) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    bits |= 0x00400000u;
-    std::memcpy(&f, &bits, sizeof f);
-  }
-  return f;
-}
-
-// float32 -> float16 as vcvtps2ph does it: round to nearest even, and a NaN keeps its
-// sign and the top bits of its payload (from_float<FP16> makes every NaN 0x7e00).
-inline FP16 fp16_pack_lane(float x) {
-  if (!std::isnan(x)) return from_float<FP16>(x);
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return FP16{static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu))};
 }
 
 inline V16 vload(const float* p) {
