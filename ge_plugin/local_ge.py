@@ -23,8 +23,9 @@ gives it (through a contiguous copy, copied back after, where the fed tensor is 
 the very tensor fed for that input, a caller's own, holds the bits the eager op leaves, and that
 tensor is the node's output. InferShape must give the reference output the input's dtype and
 dims, no other input of the node may come from the same tensor, and at run time none may share
-memory with the updated one (the eager op's check). Such graphs run in Python (the C++ GraphNode
-knows no reference outputs).
+memory with the updated one (the eager op's check). The C++ GraphNode writes a contiguous fed
+tensor in place too; a call whose fed tensor is not contiguous, or shares memory with another input,
+runs in Python (the copy back, or the error).
 
 Errors in the user's shapes raise AttnResInputError naming the node; a disagreement between
 torch's traced outputs and InferShape is a GraphCompileError (a bug in one of the two).
@@ -234,7 +235,7 @@ def _cpp_graph_node(compiled: CompiledGraph):
     its outputs (what the backend's converters build); None for other graphs or without the entry.
     It runs a planned signature without Python, buffers reused by BufferPool's rule; it asks the
     graph to plan a new signature and runs the graph in Python when the Python kernels are active."""
-    if GraphNode is None or len(compiled.ops) != 1 or compiled.ops[0].references:
+    if GraphNode is None or len(compiled.ops) != 1:
         return None
     op = compiled.ops[0]
     data_index = {data.name: index for index, (data, _) in compiled.data_ops.items()}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +91,24 @@ def assert_close_to_reference(name, actual, expected, dtype, allowance=None):
     `allowance` elementwise if given (gradients through float32 statistics: reference.gradient_term_scale)."""
     error, past = max_violation(actual, expected, dtype, whole_tensor=name in WEIGHT_GRADS, allowance=allowance)
     assert past <= 0, f"{name} ({dtype}) drifted from the float64 reference: max |err| {error:.3e}, over by {past:.3e}"
+
+
+def python_frames(call) -> list[str]:
+    """The Python functions that run during call(), less torch.ops' own entry (torch/_ops.py) and call
+    itself: what a C++ entry calls back into Python, torch's or ours."""
+    skipped = Path(torch._ops.__file__).resolve()
+    frames = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is not call.__code__ and Path(frame.f_code.co_filename).resolve() != skipped:
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_qualname}")
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return frames
 
 
 def assert_bitwise_equal(name, actual, expected):

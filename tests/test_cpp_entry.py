@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, make_inputs
+from conftest import assert_bitwise_equal, make_inputs, python_frames
 
 import attnres_ge
 import attnres_ge.op_kernel as op_kernel
@@ -292,24 +292,6 @@ def test_a_repeated_update_runs_in_cpp_in_place(python_entry_calls):
         assert partial.data_ptr() == address and partial._version > version
         assert_bitwise_equal("partial_block", partial, first_partial)
         assert_bitwise_equal("h", h, first_h)
-
-
-def python_frames(call) -> list[str]:
-    """The Python functions that run during call(), less torch.ops' own entry (torch/_ops.py) and the
-    caller's lambda: what a dispatcher kernel calls back into Python, torch's or ours."""
-    skipped = {Path(torch._ops.__file__).resolve(), Path(__file__).resolve()}
-    frames = []
-
-    def profile(frame, event, arg):
-        if event == "call" and Path(frame.f_code.co_filename).resolve() not in skipped:
-            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_qualname}")
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return frames
 
 
 def test_a_repeated_prepare_that_needs_no_gradient_runs_no_python():

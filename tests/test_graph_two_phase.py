@@ -12,10 +12,12 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 import attnres_ge
+from conftest import python_frames
 from attnres_ge.ge_plugin import ge, ge_ir
 from attnres_ge.ge_plugin.block_attn_res_update_converter import convert_block_attn_res_update
 from attnres_ge.ge_plugin.converters import local_converters
 from attnres_ge.ge_plugin.local_ge import compile_graph
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY
 from attnres_ge.op_kernel.launcher import HostRuntime
 from attnres_ge.op_proto import PREPARE, UPDATE, AttnResInputError
 
@@ -327,6 +329,47 @@ def test_the_local_ge_refuses_a_delta_sharing_memory_with_partial_block_at_run_t
     with pytest.raises(AttnResInputError, match=r"node 'BlockAttnResUpdate' .*BlockAttnResUpdate.*partial_block is "
                                                  r"updated in place and must not share memory with delta"):
         compiled(partial, delta, queries, numerator, logit_max, exp_sum)
+
+
+@pytest.mark.skipif(not CPP_ENTRY, reason="the ops' C++ entry is not built")
+def test_a_planned_update_graph_runs_in_cpp_in_place():
+    """The C++ GraphNode runs a planned update graph without Python: partial_block, the very tensor fed,
+    written in place with its version bumped, and h with eager's bits."""
+    compiled = compile_graph(_update_graph([[-1, D], [-1, D], [D], [-1, D], [-1], [-1]], UPDATE_DTYPES))
+    assert compiled.node is not None
+    partial, *rest = update_inputs()
+    compiled(partial.clone(), *rest)  # plans the signature
+    eager_partial = partial.clone()
+    want = update(eager_partial, *rest)
+    address, version = partial.data_ptr(), partial._version
+    results = []
+    assert python_frames(lambda: results.extend(compiled.node([partial, *rest]))) == []
+    assert_same("h", results[0], want)
+    assert_same("partial_block", partial, eager_partial)
+    assert partial.data_ptr() == address and partial._version == version + 1
+
+
+@pytest.mark.skipif(not CPP_ENTRY, reason="the ops' C++ entry is not built")
+def test_a_planned_update_graph_leaves_what_it_cannot_write_in_place_to_python(monkeypatch):
+    """A strided partial_block of a planned signature is updated through a copy, as eager does; one that
+    shares memory with numerator is refused, naming the node and both tensors, before any kernel runs."""
+    compiled = compile_graph(_update_graph([[-1, D], [-1, D], [D], [-1, D], [-1], [-1]], UPDATE_DTYPES))
+    partial, *rest = update_inputs()
+    compiled(partial.clone(), *rest)  # plans the signature
+    eager_partial = partial.clone()
+    want = update(eager_partial, *rest)
+    strided = torch.empty(D, T).t()
+    strided.copy_(partial)
+    [h] = compiled(strided, *rest)
+    assert_same("h", h, want)
+    assert_same("partial_block", strided.contiguous(), eager_partial)
+    delta, queries, numerator, logit_max, exp_sum = rest
+    before = numerator.clone()
+    refuse_kernels(monkeypatch)
+    with pytest.raises(AttnResInputError, match=r"node 'BlockAttnResUpdate' .*partial_block is updated in place "
+                                                 r"and must not share memory with numerator"):
+        compiled(numerator, delta, queries, numerator, logit_max, exp_sum)
+    assert_same("numerator", numerator, before)
 
 
 @pytest.mark.parametrize("path", ["dynamo-graph", "aot-autograd"])

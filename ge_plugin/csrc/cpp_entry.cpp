@@ -16,7 +16,7 @@
 //               refusal to have one) is Python's: Python is called only for a call that needs a gradient
 //   GraphNode   one compiled GE node of the local GE: outputs and workspace planned once
 //               per signature and reused only when provably free (GraphNode::Slot: the rule
-//               op_kernel/buffer_pool.py applies too)
+//               op_kernel/buffer_pool.py applies too); a reference output written into its input
 //
 // A signature not seen yet goes to Python, which validates and plans (op_kernel.launcher) as it
 // always has, so every error message is the Python one, and hands back a repeatable launch: the
@@ -363,24 +363,35 @@ class GraphNode {
         max_signatures_(std::max<size_t>(max_signatures, 1)),
         huge_page_min_bytes_(huge_page_min_bytes) {}
 
+  // A reference output (Launch::updated_inputs) is the fed input itself, written in place and its
+  // version bumped, as the eager op and the Python run give it; where the fed input is not contiguous
+  // or shares memory with another input, the graph runs in Python (which copies it back, or names the
+  // overlap in its error).
   py::object call(const std::vector<at::Tensor>& graph_inputs) {
     const Key key = signature(0, graph_inputs);
     std::shared_ptr<const Launch> launch;
-    std::vector<at::Tensor> buffers;  // outputs, then the workspace
+    std::vector<at::Tensor> buffers;  // outputs (undefined for a reference output), then the workspace
     if (!take(key, &launch, &buffers)) {
       launch = launch_from(plan_(graph_inputs));  // the GIL is held: called from Python
       if (launch == nullptr) return run_(graph_inputs);
       buffers = remember(key, launch);
     }
-    std::vector<at::Tensor> inputs;
-    for (int64_t index : input_order_) inputs.push_back(graph_inputs[index].contiguous());
-    const std::vector<at::Tensor> outputs(buffers.begin(), buffers.end() - 1);
+    std::vector<at::Tensor> fed;
+    for (int64_t index : input_order_) fed.push_back(graph_inputs[index]);
+    if (!updates_in_place(*launch, fed)) return run_(graph_inputs);
+    std::vector<at::Tensor> outputs(buffers.begin(), buffers.end() - 1);
+    for (size_t index = 0; index < outputs.size(); ++index) {
+      if (launch->updated_inputs[index] >= 0) outputs[index] = fed[launch->updated_inputs[index]];
+    }
     {
       py::gil_scoped_release no_gil;
-      run(*launch, inputs, outputs, buffers.back());
+      run(*launch, contiguous(fed), outputs, buffers.back());
+    }
+    for (int64_t updated : launch->updated_inputs) {
+      if (updated >= 0) fed[updated].unsafeGetTensorImpl()->bump_version();
     }
     py::list results;
-    for (int64_t index : result_order_) results.append(buffers[index]);
+    for (int64_t index : result_order_) results.append(outputs[index]);
     return std::move(results);
   }
 
@@ -406,14 +417,16 @@ class GraphNode {
   // allocation the slot made: same data pointer, same size, same deleter. A storage resized by its
   // holder (resize_(0), FSDP2's resize_storage_bytes_) or moved to shared memory (share_memory_(), a
   // torch.multiprocessing queue: another process may map it) fails that test and is replaced.
+  // A reference output's slot holds no tensor (the output is the fed input).
   struct Slot {
     explicit Slot(at::Tensor buffer)
         : tensor(std::move(buffer)),
-          data(tensor.storage().data()),
-          nbytes(tensor.storage().nbytes()),
-          deleter(tensor.storage().data_ptr().get_deleter()) {}
+          data(tensor.defined() ? tensor.storage().data() : nullptr),
+          nbytes(tensor.defined() ? tensor.storage().nbytes() : 0),
+          deleter(tensor.defined() ? tensor.storage().data_ptr().get_deleter() : nullptr) {}
 
     bool reusable() const {
+      if (!tensor.defined()) return true;
       const c10::Storage& storage = tensor.storage();
       // Weak references: the strong ones together count as one, and `probe` is one more.
       const c10::weak_intrusive_ptr<c10::StorageImpl> probe = storage.getWeakStorageImpl();
@@ -449,7 +462,7 @@ class GraphNode {
         slot = Slot(planned_slot(*planned->launch, index));
         ++allocations_;
       }
-      buffers->push_back(slot.tensor.detach());
+      buffers->push_back(slot.tensor.defined() ? slot.tensor.detach() : at::Tensor());
     }
     *launch = planned->launch;
     return true;
@@ -461,16 +474,17 @@ class GraphNode {
     std::vector<Slot> slots;
     std::vector<at::Tensor> buffers;
     for (size_t index = 0; index <= launch->outputs.size(); ++index) slots.emplace_back(planned_slot(*launch, index));
-    for (const Slot& slot : slots) buffers.push_back(slot.tensor.detach());
+    for (const Slot& slot : slots) buffers.push_back(slot.tensor.defined() ? slot.tensor.detach() : at::Tensor());
     std::lock_guard<std::mutex> lock(mutex_);
-    allocations_ += static_cast<int64_t>(slots.size());
+    allocations_ += std::count_if(slots.begin(), slots.end(), [](const Slot& slot) { return slot.tensor.defined(); });
     if (planned_.size() >= max_signatures_) planned_.erase(planned_.begin());
     planned_.push_back({key, launch, std::move(slots)});
     return buffers;
   }
 
-  // Slot `index` of `launch`: its outputs, then the workspace.
+  // Slot `index` of `launch`: its outputs (none for a reference output), then the workspace.
   at::Tensor planned_slot(const Launch& launch, size_t index) const {
+    if (index < launch.outputs.size() && launch.updated_inputs[index] >= 0) return at::Tensor();
     return planned(index < launch.outputs.size() ? empty_buffer(launch.outputs[index])
                                                  : empty_workspace(launch.workspace_bytes),
                    huge_page_min_bytes_);
