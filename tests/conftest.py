@@ -100,8 +100,9 @@ def python_frames(call) -> list[str]:
     frames = []
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code is not call.__code__ and Path(frame.f_code.co_filename).resolve() != skipped:
-            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_qualname}")
+        code = frame.f_code
+        if event == "call" and code is not call.__code__ and Path(code.co_filename).resolve() != skipped:
+            frames.append(f"{code.co_filename}:{code.co_qualname}")
 
     sys.setprofile(profile)
     try:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+from conftest import python_frames
 from torch._dynamo.utils import counters
 
 import attnres_ge
-from conftest import python_frames
 from attnres_ge.ge_plugin import ge, ge_ir
 from attnres_ge.ge_plugin.block_attn_res_update_converter import convert_block_attn_res_update
 from attnres_ge.ge_plugin.converters import local_converters
