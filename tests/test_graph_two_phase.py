@@ -294,12 +294,12 @@ def _update_graph(shapes, dtypes):
 
 
 UPDATE_DTYPES = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32]
+DYNAMIC_UPDATE_SHAPES = [[-1, D], [-1, D], [D], [-1, D], [-1], [-1]]  # any token count
 
 
 def test_the_local_ge_checks_an_update_graph_it_did_not_trace():
     """A GraphDef from elsewhere (no fake tensors ran): the local GE's InferShape names the node, op and tensor."""
-    good = [[-1, D], [-1, D], [D], [-1, D], [-1], [-1]]
-    compiled = compile_graph(_update_graph(good, UPDATE_DTYPES))
+    compiled = compile_graph(_update_graph(DYNAMIC_UPDATE_SHAPES, UPDATE_DTYPES))
     node = only_node(compiled.graph_def, "BlockAttnResUpdate")
     assert _descs(node.output_desc) == [("partial_block", F32, [-1, D]), ("h", BF16, [-1, D])]
     partial, *rest = update_inputs()
@@ -317,9 +317,8 @@ def test_the_local_ge_checks_an_update_graph_it_did_not_trace():
 def test_the_local_ge_refuses_a_delta_sharing_memory_with_partial_block_at_run_time(monkeypatch):
     """Two graph inputs that are views of one buffer: the node refuses them as the eager op does (the kernel
     would read values it has already overwritten), naming the node and both tensors."""
-    shapes = [[-1, D], [-1, D], [D], [-1, D], [-1], [-1]]
     dtypes = [torch.float32] * 6  # a float32 delta, so that it can view partial_block's buffer
-    compiled = compile_graph(_update_graph(shapes, dtypes))
+    compiled = compile_graph(_update_graph(DYNAMIC_UPDATE_SHAPES, dtypes))
     _, _, queries, numerator, logit_max, exp_sum = update_inputs()
     buffer = torch.randn(T, D + 4)
     partial, delta = buffer[:, :D], buffer[:, 4:]
@@ -331,16 +330,22 @@ def test_the_local_ge_refuses_a_delta_sharing_memory_with_partial_block_at_run_t
         compiled(partial, delta, queries, numerator, logit_max, exp_sum)
 
 
+def _planned_update_graph():
+    """An update graph whose C++ node has planned update_inputs()' signature (run once on a copy), those
+    inputs, and what eager gives for them: (graph, partial, the other inputs, eager's partial, eager's h)."""
+    compiled = compile_graph(_update_graph(DYNAMIC_UPDATE_SHAPES, UPDATE_DTYPES))
+    partial, *rest = update_inputs()
+    compiled(partial.clone(), *rest)
+    eager_partial = partial.clone()
+    return compiled, partial, rest, eager_partial, update(eager_partial, *rest)
+
+
 @pytest.mark.skipif(not CPP_ENTRY, reason="the ops' C++ entry is not built")
 def test_a_planned_update_graph_runs_in_cpp_in_place():
     """The C++ GraphNode runs a planned update graph without Python: partial_block, the very tensor fed,
     written in place with its version bumped, and h with eager's bits."""
-    compiled = compile_graph(_update_graph([[-1, D], [-1, D], [D], [-1, D], [-1], [-1]], UPDATE_DTYPES))
+    compiled, partial, rest, eager_partial, want = _planned_update_graph()
     assert compiled.node is not None
-    partial, *rest = update_inputs()
-    compiled(partial.clone(), *rest)  # plans the signature
-    eager_partial = partial.clone()
-    want = update(eager_partial, *rest)
     address, version = partial.data_ptr(), partial._version
     results = []
     assert python_frames(lambda: results.extend(compiled.node([partial, *rest]))) == []
@@ -353,11 +358,7 @@ def test_a_planned_update_graph_runs_in_cpp_in_place():
 def test_a_planned_update_graph_leaves_what_it_cannot_write_in_place_to_python(monkeypatch):
     """A strided partial_block of a planned signature is updated through a copy, as eager does; one that
     shares memory with numerator is refused, naming the node and both tensors, before any kernel runs."""
-    compiled = compile_graph(_update_graph([[-1, D], [-1, D], [D], [-1, D], [-1], [-1]], UPDATE_DTYPES))
-    partial, *rest = update_inputs()
-    compiled(partial.clone(), *rest)  # plans the signature
-    eager_partial = partial.clone()
-    want = update(eager_partial, *rest)
+    compiled, partial, rest, eager_partial, want = _planned_update_graph()
     strided = torch.empty(D, T).t()
     strided.copy_(partial)
     [h] = compiled(strided, *rest)

@@ -242,8 +242,8 @@ bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Whether a cached launch may write its reference outputs straight into their inputs: each such input is
-// contiguous and shares no memory with another input. Otherwise the Python entry runs the call (it copies
-// a non-contiguous input back, and names an overlap in its error).
+// contiguous and shares no memory with another input. Otherwise Python runs the call, the eager entry or
+// the graph's run (it copies a non-contiguous input back, and names an overlap in its error).
 bool updates_in_place(const Launch& launch, const std::vector<at::Tensor>& inputs) {
   for (int64_t updated : launch.updated_inputs) {
     if (updated < 0) continue;
