@@ -5,7 +5,8 @@
 // a small matrix product per token, so each row is read from memory once for every query. Per core
 // of the tiling (a task), token by token, per group of `query_tile` queries:
 //   pass 1 over the hidden tiles: the float64 lanes of each row's sum of squares and of its dot with
-//          each query, kPrepareDotRows rows against kPrepareDotQueries queries per load
+//          each query, kPrepareDotRows rows against kPrepareDotQueries queries per load, one register's
+//          worth of lanes (DPart) at a time
 //   per query, scalar float64: norms, logits, their max, exps (the C library's exp), their sum in
 //          row order: logit_max and exp_sum
 //   pass 2 over the hidden tiles: numerator = sum_n exp_n * row_n in float32 fused multiply-adds, rows
@@ -18,52 +19,78 @@ namespace {
 
 constexpr float kLowestFloat32 = -0x1.fffffep127f;  // the empty state's logit_max
 
-// One group of K rows (v, widened) into their squares (kSquares) and their dots with Q queries at h.
+static_assert(sizeof(D16) == kLanes * sizeof(double), "a D16 is its 16 lanes in order");
+constexpr int kDotParts = static_cast<int>(kLanes) / kDotPartLanes;  // sweeps of a group's lanes
+
+// One part of a group, K rows (v, widened) into their squares (kSquares) and their dots with Q queries.
 template <int K, int Q, bool kSquares>
-inline void add_dot_group(const D16* v, const double* const* queries, int64_t h, D16* sq, D16 (*acc)[K]) {
+inline void add_dot_part(const DPart* v, const double* const* queries, int64_t at, DPart* sq, DPart (*acc)[K]) {
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
-    if (kSquares) sq[r] = dfma(v[r], v[r], sq[r]);
+    if (kSquares) sq[r] = dpart_fma(v[r], v[r], sq[r]);
   }
 #pragma GCC unroll 8
   for (int q = 0; q < Q; ++q) {
-    const D16 query = dload(queries[q] + h);
+    const DPart query = dpart_load(queries[q] + at);
 #pragma GCC unroll 8
-    for (int r = 0; r < K; ++r) acc[q][r] = dfma(v[r], query, acc[q][r]);
+    for (int r = 0; r < K; ++r) acc[q][r] = dpart_fma(v[r], query, acc[q][r]);
   }
 }
 
-// Lanes over [h0, h1) of K rows' dots with Q queries (float64, zero padded, element order) into
-// dots[q * dot_stride + r], and with kSquares of the rows' squares into squares[r]. next (or null):
-// rows whose line at h each group prefetches into L2 (the next token's).
+// Lanes [first, first + kDotPartLanes) over [h0, h1) of K rows' dots with Q queries (see row_query_dots).
 template <int K, int Q, bool kSquares>
-inline void row_query_dots(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
-                           D16* squares, D16* dots, int64_t dot_stride, const float* const* next) {
-  D16 sq[K], acc[Q][K], v[K];  // in registers as far as they fit, since every loop over r and q is unrolled
+inline void row_query_dots_part(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
+                                double* const* squares, double* const* dots, int first,
+                                const float* const* next) {
+  DPart sq[K], acc[Q][K], v[K];  // one register each, since every loop over r and q is unrolled
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
-    if (kSquares) sq[r] = squares[r];
+    if (kSquares) sq[r] = dpart_load(squares[r] + first);
 #pragma GCC unroll 8
-    for (int q = 0; q < Q; ++q) acc[q][r] = dots[q * dot_stride + r];
+    for (int q = 0; q < Q; ++q) acc[q][r] = dpart_load(dots[q * K + r] + first);
   }
   int64_t h = h0;
   for (; h + kLanes <= h1; h += kLanes) {
 #pragma GCC unroll 8
     for (int r = 0; r < K; ++r) {
       if (next != nullptr) prefetch_l2(next[r] + h);
-      v[r] = widen(vload(rows[r] + h));
+      v[r] = dpart_widen(rows[r] + h + first);
     }
-    add_dot_group<K, Q, kSquares>(v, queries, h, sq, acc);
+    add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
   }
-  if (h < h1) {  // the last, partial group (h1 == D), zero padded
-    for (int r = 0; r < K; ++r) v[r] = widen(vload_partial(rows[r] + h, h1 - h));
-    add_dot_group<K, Q, kSquares>(v, queries, h, sq, acc);
+  if (h < h1) {  // the last, partial group (h1 == D), copied zero padded; each part widens its lanes
+    float tail[K][kLanes];
+    std::memset(tail, 0, sizeof tail);
+    for (int r = 0; r < K; ++r) {
+      std::memcpy(tail[r], rows[r] + h, static_cast<size_t>(h1 - h) * sizeof(float));
+      v[r] = dpart_widen(tail[r] + first);
+    }
+    add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
-    if (kSquares) squares[r] = sq[r];
+    if (kSquares) dpart_store(squares[r] + first, sq[r]);
 #pragma GCC unroll 8
-    for (int q = 0; q < Q; ++q) dots[q * dot_stride + r] = acc[q][r];
+    for (int q = 0; q < Q; ++q) dpart_store(dots[q * K + r] + first, acc[q][r]);
+  }
+}
+
+// Lanes over [h0, h1) of K rows' dots with Q queries (float64, zero padded, element order) into
+// dots[q * dot_stride + r], and with kSquares of the rows' squares into squares[r], one part of the
+// lanes after the other. next (or null): rows whose line at h the first part prefetches into L2
+// (the next token's).
+template <int K, int Q, bool kSquares>
+inline void row_query_dots(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
+                           D16* squares, D16* dots, int64_t dot_stride, const float* const* next) {
+  double* square_lanes[K];
+  double* dot_lanes[Q * K];
+  for (int r = 0; r < K; ++r) {
+    square_lanes[r] = reinterpret_cast<double*>(squares + r);
+    for (int q = 0; q < Q; ++q) dot_lanes[q * K + r] = reinterpret_cast<double*>(dots + q * dot_stride + r);
+  }
+  for (int part = 0; part < kDotParts; ++part) {
+    row_query_dots_part<K, Q, kSquares>(rows, queries, h0, h1, square_lanes, dot_lanes, part * kDotPartLanes,
+                                        part == 0 ? next : nullptr);
   }
 }
 

@@ -39,6 +39,18 @@ inline D16 dfma(D16 a, D16 b, D16 c) {
           _mm256_fmadd_pd(a.q3, b.q3, c.q3)};
 }
 
+// DPart, kDotPartLanes of the 16 float64 lanes in one register: prepare's pass 1 sweeps a group's lanes
+// part by part (prepare_kernel.h), so that one register holds one accumulator and a load of a query
+// serves more rows. Each lane's sum runs through the same elements in the same order either way.
+constexpr int kDotPartLanes = 4;
+struct DPart {
+  __m256d v;
+};
+inline DPart dpart_widen(const float* p) { return {_mm256_cvtps_pd(_mm_loadu_ps(p))}; }
+inline DPart dpart_load(const double* p) { return {_mm256_loadu_pd(p)}; }
+inline void dpart_store(double* p, DPart x) { _mm256_storeu_pd(p, x.v); }
+inline DPart dpart_fma(DPart a, DPart b, DPart c) { return {_mm256_fmadd_pd(a.v, b.v, c.v)}; }
+
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
 inline double lane_sum(D16 v) {
   const __m256d s8_low = _mm256_add_pd(v.q0, v.q2), s8_high = _mm256_add_pd(v.q1, v.q3);  // lanes 0-3, 4-7
@@ -140,11 +152,12 @@ constexpr int64_t kFloat32RowChunk = 0;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. AVX2's 16 registers hold 1 x 2 dot
-// accumulators (8 registers) with their row, and 3 queries x 2 groups of numerator sums (12). Timed
-// from cache on an AMD Zen 4 host (N = S = 8, D = 2048 and 7168): 1 x 3, 2 x 1 and 1 x 1 dots were 1.05-1.15
-// times as slow, 4 queries x 1 group of sums 1.1-1.2 times (docs/kernels.md).
-constexpr int kPrepareDotRows = 1;
-constexpr int kPrepareDotQueries = 2;
+// groups for each of kPrepareSumQueries queries at a time. Pass 1 sweeps a quarter of the lanes at a time
+// (DPart), so AVX2's 16 registers hold 3 x 3 dot accumulators, 3 of squares, the 3 rows and a query; pass
+// 2 holds 3 queries x 2 groups of numerator sums (12). Timed from cache on an AMD Zen 4 host (N = S = 8,
+// D = 2048): 3 x 3 quarter-lane dots 1.1-1.15 times as fast as the earlier 1 x 2 whole-lane ones, 2 x 4
+// slower than 3 x 3; 4 queries x 1 group of sums 1.1-1.2 times as slow (docs/kernels.md).
+constexpr int kPrepareDotRows = 3;
+constexpr int kPrepareDotQueries = 3;
 constexpr int kPrepareSumQueries = 3;
 constexpr int kPrepareSumGroups = 2;

@@ -37,6 +37,18 @@ inline void dstore(double* p, D16 x) {
 }
 inline D16 dfma(D16 a, D16 b, D16 c) { return {_mm512_fmadd_pd(a.lo, b.lo, c.lo), _mm512_fmadd_pd(a.hi, b.hi, c.hi)}; }
 
+// DPart, kDotPartLanes of the 16 float64 lanes in one register: prepare's pass 1 sweeps a group's lanes
+// part by part (prepare_kernel.h), so that one register holds one accumulator and a load of a query
+// serves more rows. Each lane's sum runs through the same elements in the same order either way.
+constexpr int kDotPartLanes = 8;
+struct DPart {
+  __m512d v;
+};
+inline DPart dpart_widen(const float* p) { return {_mm512_cvtps_pd(_mm256_loadu_ps(p))}; }
+inline DPart dpart_load(const double* p) { return {_mm512_loadu_pd(p)}; }
+inline void dpart_store(double* p, DPart x) { _mm512_storeu_pd(p, x.v); }
+inline DPart dpart_fma(DPart a, DPart b, DPart c) { return {_mm512_fmadd_pd(a.v, b.v, c.v)}; }
+
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
 inline double lane_sum(D16 x) {
   const __m512d s8 = _mm512_add_pd(x.lo, x.hi);
@@ -172,11 +184,12 @@ constexpr int64_t kFloat32RowChunk = 64;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. AVX-512's 32 registers hold 2 x 4
-// dot accumulators (16 registers) with their rows, and 4 queries x 4 groups of numerator sums (16).
-// Timed from cache on an AMD Zen 4 host (N = S = 8, D = 2048 and 7168): 1 x 8, 2 x 3 and 3 x 2 dots were
-// 1.02-1.1 times as slow, 4 queries x 2 groups of sums 1.1-1.15 times (docs/kernels.md).
-constexpr int kPrepareDotRows = 2;
+// groups for each of kPrepareSumQueries queries at a time. Pass 1 sweeps half the lanes at a time
+// (DPart), so AVX-512's 32 registers hold 4 x 4 dot accumulators, 4 of squares and the 4 rows; pass 2
+// holds 4 queries x 4 groups of numerator sums (16). Timed from cache on an AMD Zen 4 host (N = S = 8,
+// D = 2048): 4 x 4 half-lane dots 1.15-1.3 times as fast as the earlier 2 x 4 whole-lane ones; 4 queries
+// x 2 groups of sums 1.1-1.15 times as slow (docs/kernels.md).
+constexpr int kPrepareDotRows = 4;
 constexpr int kPrepareDotQueries = 4;
 constexpr int kPrepareSumQueries = 4;
 constexpr int kPrepareSumGroups = 4;

@@ -70,6 +70,15 @@ inline V16 vload(const float* p) {
   std::memcpy(r.l, p, sizeof r.l);
   return r;
 }
+
+// DPart, the float64 lanes that prepare's pass 1 sweeps at a time (prepare_kernel.h): here all 16 at once.
+constexpr int kDotPartLanes = 16;
+using DPart = D16;
+inline DPart dpart_widen(const float* p) { return widen(vload(p)); }
+inline DPart dpart_load(const double* p) { return dload(p); }
+inline void dpart_store(double* p, DPart x) { dstore(p, x); }
+inline DPart dpart_fma(DPart a, DPart b, DPart c) { return dfma(a, b, c); }
+
 inline V16 vload(const BF16* p) {
   V16 r;
   for (int lane = 0; lane < 16; ++lane) r.l[lane] = to_float(p[lane_element<BF16>(lane)]);

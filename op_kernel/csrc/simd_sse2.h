@@ -174,6 +174,20 @@ inline D16 dfma(D16 a, D16 b, D16 c) {
   return r;
 }
 
+// DPart, kDotPartLanes of the 16 float64 lanes in one register: prepare's pass 1 sweeps a group's lanes
+// part by part (prepare_kernel.h), so that one register holds one accumulator and a load of a query
+// serves more rows. Each lane's sum runs through the same elements in the same order either way.
+constexpr int kDotPartLanes = 2;
+struct DPart {
+  __m128d v;
+};
+inline DPart dpart_widen(const float* p) {
+  return {_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+}
+inline DPart dpart_load(const double* p) { return {_mm_loadu_pd(p)}; }
+inline void dpart_store(double* p, DPart x) { _mm_storeu_pd(p, x.v); }
+inline DPart dpart_fma(DPart a, DPart b, DPart c) { return {_mm_add_pd(_mm_mul_pd(a.v, b.v), c.v)}; }  // as dfma
+
 // The fixed combining tree: lanes l and l+8, then l and l+4, l and l+2, l and l+1.
 inline double lane_sum(D16 v) {
   __m128d s[4];
@@ -302,9 +316,10 @@ constexpr int64_t kFloat32RowChunk = 0;
 
 // The prepare kernel's register blocks (prepare_kernel.h; the bits do not depend on them): pass 1 reads
 // kPrepareDotRows rows against kPrepareDotQueries queries at a time, pass 2 sums kPrepareSumGroups
-// groups for each of kPrepareSumQueries queries at a time. SSE2's 16 registers hold one D16 row and
-// one accumulator (16 registers) at most, so every block spills; these are the AVX2 path's.
-constexpr int kPrepareDotRows = 1;
-constexpr int kPrepareDotQueries = 2;
+// groups for each of kPrepareSumQueries queries at a time. Pass 1 sweeps two lanes at a time (DPart), so
+// SSE2's 16 registers hold 3 x 3 dot accumulators, 3 of squares, the 3 rows and a query, as on AVX2;
+// pass 2's sums spill (a V16 takes four registers) and take the AVX2 path's blocks.
+constexpr int kPrepareDotRows = 3;
+constexpr int kPrepareDotQueries = 3;
 constexpr int kPrepareSumQueries = 3;
 constexpr int kPrepareSumGroups = 2;
