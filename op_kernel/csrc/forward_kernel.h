@@ -20,13 +20,15 @@ template <int G, bool kStream, typename T>
 inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t row_num, int64_t h, T* out,
                                 const T* const* next) {
   constexpr int64_t kLineElements = 64 / static_cast<int64_t>(sizeof(T));
-  V16 acc[G];
+  V16 acc[G];  // in registers: every loop over g is unrolled (else GCC keeps acc on the stack)
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) acc[g] = vzero();
   for (int64_t i = 0; i < row_num; ++i) {
     if (next != nullptr && next[i] != nullptr) {
       for (int64_t e = 0; e < G * kLanes; e += kLineElements) prefetch_l2(next[i] + h + e);
     }
     const V16 pi = vset(p[i]);
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
   }
   store_groups<G, kStream>(out + h, acc);

@@ -64,7 +64,9 @@ template <int G, bool kStream, typename T>
 inline void store_groups(T* p, const V16* groups) {
   constexpr int kPerLine = sizeof(T) == 2 ? 2 : 1;
   int g = 0;
+#pragma GCC unroll 8
   for (; g + kPerLine <= G; g += kPerLine) store_line<kStream>(p + g * kLanes, groups + g);
+#pragma GCC unroll 8
   for (; g < G; ++g) {
     if (kStream) {
       vstream(p + g * kLanes, groups[g]);
@@ -104,13 +106,19 @@ inline void for_row_groups(int64_t row_num, const Body& body) {
   }
 }
 
-// A group of n < 16 elements (the tail at h = H): zero padded in, first n out.
+// A group of n < 16 elements (the tail at h = H) copied into group[16], zero padded.
+template <typename T>
+inline void copy_partial(const T* p, int64_t n, T* group) {
+  std::memset(static_cast<void*>(group), 0, kLanes * sizeof(T));  // zero bits are +0.0 in every dtype
+  std::memcpy(static_cast<void*>(group), p, static_cast<size_t>(n) * sizeof(T));
+}
+
+// A group of n < 16 elements: zero padded in, first n out.
 template <typename T>
 inline V16 vload_partial(const T* p, int64_t n) {
-  T buf[kLanes];
-  std::memset(static_cast<void*>(buf), 0, sizeof buf);  // zero bits are +0.0 in every dtype
-  std::memcpy(static_cast<void*>(buf), p, static_cast<size_t>(n) * sizeof(T));
-  return vload(buf);
+  T group[kLanes];
+  copy_partial(p, n, group);
+  return vload(group);
 }
 
 template <typename T>

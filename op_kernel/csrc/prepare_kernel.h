@@ -59,11 +59,10 @@ inline void row_query_dots_part(const float* const* rows, const double* const* q
     add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
   }
   if (h < h1) {  // the last, partial group (h1 == D), copied zero padded; each part widens its lanes
-    float tail[K][kLanes];
-    std::memset(tail, 0, sizeof tail);
+    float group[kLanes];
     for (int r = 0; r < K; ++r) {
-      std::memcpy(tail[r], rows[r] + h, static_cast<size_t>(h1 - h) * sizeof(float));
-      v[r] = dpart_widen(tail[r] + first);
+      copy_partial(rows[r] + h, h1 - h, group);
+      v[r] = dpart_widen(group + first);
     }
     add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
   }
