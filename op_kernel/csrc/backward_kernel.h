@@ -40,8 +40,7 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
   // Groups per step: a whole 64-byte line of each gradient row before moving to the
   // next row, so that streaming stores always fill complete lines.
   constexpr int kGroups = sizeof(T) == 2 ? 2 : 1;
-  V16 p_v[K], a_v[K], neg_c[K];  // in registers: every loop over j and g is unrolled
-#pragma GCC unroll 8
+  V16 p_v[K], a_v[K], neg_c[K];
   for (int j = 0; j < K; ++j) {
     p_v[j] = vset(k.p[r0 + j]);
     a_v[j] = vset(k.a[r0 + j]);
@@ -50,7 +49,6 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
   int64_t h = h0;
   for (; h + kGroups * kLanes <= h1; h += kGroups * kLanes) {
     V16 go_v[kGroups], w_v[kGroups], acc[kGroups];
-#pragma GCC unroll 8
     for (int g = 0; g < kGroups; ++g) {
       go_v[g] = vload(go + h + g * kLanes);
       w_v[g] = vload(w + h + g * kLanes);
@@ -58,10 +56,8 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
     }
     // One 64-byte line of each row per step (fp32: 1 group, 16-bit: 2).
     if (r0 == 0 && next_go != nullptr) prefetch(next_go + h);
-#pragma GCC unroll 8
     for (int j = 0; j < K; ++j) {
       V16 grad[kGroups];
-#pragma GCC unroll 8
       for (int g = 0; g < kGroups; ++g) {
         const V16 value = vload(v[r0 + j] + h + g * kLanes);
         grad[g] = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
@@ -69,14 +65,12 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
       }
       store_line<kStream>(gv[r0 + j] + h, grad);
     }
-#pragma GCC unroll 8
     for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
   }
   for (; h < h1; h += kLanes) {  // a single group left over, possibly the last, partial one (h1 == H)
     const int64_t n = std::min(kLanes, h1 - h);
     const V16 go_v = vload(go + h), w_v = vload(w + h);
     V16 acc = vload(chunk_row + h);
-#pragma GCC unroll 8
     for (int j = 0; j < K; ++j) {
       const V16 value = n == kLanes ? vload(v[r0 + j] + h) : vload_partial(v[r0 + j] + h, n);
       const V16 grad = vfma(neg_c[j], value, vfma(a_v[j], w_v, vmul(go_v, p_v[j])));
