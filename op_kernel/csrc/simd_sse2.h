@@ -174,9 +174,8 @@ inline D16 dfma(D16 a, D16 b, D16 c) {
   return r;
 }
 
-// DPart, kDotPartLanes of the 16 float64 lanes in one register: prepare's pass 1 sweeps a group's lanes
-// part by part (prepare_kernel.h), so that one register holds one accumulator and a load of a query
-// serves more rows. Each lane's sum runs through the same elements in the same order either way.
+// DPart, two of the 16 float64 lanes in one register: what prepare's pass 1 sweeps at a time
+// (simd_avx512.h says why).
 constexpr int kDotPartLanes = 2;
 struct DPart {
   __m128d v;
