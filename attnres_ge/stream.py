@@ -34,10 +34,12 @@ Storage, and why it differs with grad mode:
   the `[..., n, H]` views earlier reads saved for their backward, and the backward would refuse to run. The
   reads of one block share that tensor, so their backward keeps one `[..., n, H]` tensor per block.
 - Without grad (`torch.no_grad()`, `torch.inference_mode()`) the snapshots live in one preallocated
-  `[..., max_blocks, H]` buffer: a seal writes its slot in place and a read passes the view of the first n
-  slots. That view is not contiguous while n < max_blocks, and the per-layer op makes its input contiguous (a
-  copy per read); the two-phase path reads the buffer once per seal (in prepare). `max_blocks=None` lets the
-  buffer double when full (one copy each time); give the model's number of seals to allocate once.
+  `[..., max_blocks, H]` buffer: a seal writes its slot in place. The two-phase path hands prepare the whole
+  buffer and `valid_blocks = n`, so prepare reads the n sealed slots where they are, with no copy. The
+  per-layer op needs a contiguous `[..., n, H]` input, which the view of the first n slots is not while
+  n < max_blocks: the first per-layer read after a seal makes that copy once, and the reads until the next
+  seal share it (n more slots of memory while the span lasts). `max_blocks=None` lets the buffer double when
+  full (one copy each time); give the model's number of seals to allocate once.
 - The two-phase path needs float32 snapshots and keeps the live stream in float32 (CANN's update adds each
   delta to a float32 `partial_block` in place), so a stream that may take it stores both in float32; its reads
   return the dtype of the last accumulated output (the update's `h` is in delta's dtype).
@@ -49,6 +51,7 @@ import torch
 
 import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
 from attnres_ge.api import BlockAttnRes
+from attnres_ge.op_kernel.host_memory import empty_planned
 
 _NAME = "ResidualStream"
 _PREPARE_MAX_BLOCKS = 64  # block_attn_res_prepare's limit on N (SPEC.md)
@@ -70,6 +73,15 @@ def _require_mixer(method: str, name: str, value) -> BlockAttnRes:
 def _pseudo_query(mixer: BlockAttnRes) -> torch.Tensor:
     """The reader's folded query norm_weight * proj_weight [H], a float32 product (SPEC.md, the two-phase ops)."""
     return mixer.norm_weight.float() * mixer.proj_weight.float().reshape(-1)
+
+
+def _empty_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised contiguous buffer of the stream (snapshots, the float32 live stream, a contiguous copy of
+    the sealed slots); on the CPU in eager mode advised to use huge pages when large, as planned graph buffers
+    are, since the stream writes it right away: with 4 KiB pages the faults cost more than the copy."""
+    if device.type == "cpu" and not torch.compiler.is_compiling():
+        return empty_planned(shape, dtype)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class _OneCandidateRead(torch.autograd.Function):
@@ -130,13 +142,14 @@ class ResidualStream:
         self.activation_dtype = embeddings.dtype
         self.num_sealed = 0
         self.snapshots: torch.Tensor | None = None  # grad path: [..., n, H]; no-grad paths: [..., capacity, H]
+        self.contiguous_sealed: torch.Tensor | None = None  # no-grad per-layer reads: [..., n, H] until a seal
         self.span: _Span | None = None
         self.pending: torch.Tensor | None = None  # two-phase: accumulated since the last read, not yet in live
         self.has_live = True  # False from a seal to the next accumulate
         if self.uses_two_phase_storage:
             # The update op writes the live stream in place: it must be this stream's own float32 tensor.
-            self.live: torch.Tensor | None = embeddings.to(torch.float32, memory_format=torch.contiguous_format,
-                                                           copy=True)
+            self.live: torch.Tensor | None = _empty_buffer(tuple(self.shape), torch.float32,
+                                                           embeddings.device).copy_(embeddings)
         else:
             self.live = embeddings
 
@@ -213,10 +226,16 @@ class ResidualStream:
     # --- storage -------------------------------------------------------------------------------------------------
 
     def _sealed_view(self) -> torch.Tensor:
-        """The sealed snapshots [..., n, H] (a view of the first n slots on the no-grad paths)."""
+        """The sealed snapshots [..., n, H], contiguous, for the per-layer op; on the no-grad paths the first n
+        slots of the buffer, copied once per seal while they are not contiguous (the op would copy them per read)."""
         if self.grad_mode:
             return self.snapshots
-        return self.snapshots[..., : self.num_sealed, :]
+        if self.contiguous_sealed is None:
+            sealed = self.snapshots[..., : self.num_sealed, :]
+            if not sealed.is_contiguous():
+                sealed = _empty_buffer(tuple(sealed.shape), sealed.dtype, sealed.device).copy_(sealed)
+            self.contiguous_sealed = sealed
+        return self.contiguous_sealed
 
     def _append_snapshot(self) -> None:
         live, self.has_live = self.live, False
@@ -229,6 +248,7 @@ class ResidualStream:
             return
         self._ensure_capacity(live.dtype, live.device)
         self.snapshots[..., self.num_sealed, :].copy_(live)
+        self.contiguous_sealed = None
         if self.uses_two_phase_storage:
             # The same float32 tensor is the next live stream, zeroed: the next delta lands on 0 exactly.
             live.zero_()
@@ -238,9 +258,9 @@ class ResidualStream:
     def _ensure_capacity(self, dtype: torch.dtype, device: torch.device) -> None:
         if self.snapshots is None:
             slots = self.max_blocks or _FIRST_CAPACITY
-            self.snapshots = torch.empty(*self.shape[:-1], slots, self.shape[-1], dtype=dtype, device=device)
+            self.snapshots = _empty_buffer((*self.shape[:-1], slots, self.shape[-1]), dtype, device)
         elif self.num_sealed == self.snapshots.shape[-2]:  # only with max_blocks=None
-            grown = self.snapshots.new_empty(*self.shape[:-1], 2 * self.num_sealed, self.shape[-1])
+            grown = _empty_buffer((*self.shape[:-1], 2 * self.num_sealed, self.shape[-1]), dtype, device)
             grown[..., : self.num_sealed, :].copy_(self.snapshots)
             self.snapshots = grown
 
@@ -279,8 +299,11 @@ class ResidualStream:
         return tensor.reshape(-1, *trailing)
 
     def _prepare(self, readers: list[BlockAttnRes]) -> _Span:
-        hidden = self.shape[-1]
-        block_res = self._flat(self.snapshots, self.snapshots.shape[-2], hidden)[:, : self.num_sealed]
+        hidden, capacity = self.shape[-1], self.snapshots.shape[-2]
+        # Prepare reads the first valid_blocks slots of each token and no other: the whole buffer goes in as it
+        # is, unless it has more slots than prepare takes (max_blocks > 64), when the sealed ones are copied out.
+        slots = capacity if capacity <= _PREPARE_MAX_BLOCKS else self.num_sealed
+        block_res = self._flat(self.snapshots, capacity, hidden)[:, :slots]
         valid_blocks = torch.tensor([self.num_sealed], dtype=torch.uint64, device=block_res.device)
         pseudo_query = torch.stack([_pseudo_query(mixer) for mixer in readers])  # [S, H] float32
         numerator, logit_max, exp_sum = torch.ops.attnres.block_attn_res_prepare(
