@@ -60,6 +60,13 @@ The traffic model counts [T, D] planes: R (N + 5) per-layer against N + 6 R two-
 the run gives the measured speedup of the two-phase block beside the model's ratio. DEFAULT_BLOCK_SHAPES are
 timed by default, --all-blocks times every one.
 
+One no-grad forward of a model's residual stream (STREAM_SHAPES, named stream_T_D_L_B: L layers, a seal every B;
+float32), the sublayers' outputs given, so that the stream's reads, seals and storage are timed, both ways:
+  stream-per-layer  ResidualStream(two_phase=False): a block_attention_residuals per read
+  stream-two-phase  each seal names its readers: a block_attn_res_prepare per seal, an update per read
+against a copy of the snapshots' size, over the traffic model of stream_traffic (the planes each step must
+read and write); the closing table gives its speedup as for a block.
+
     attnres-ge bench [--shapes NAME ...] [--shape T,N,H ...] [--all-blocks] [--dtypes float32 bfloat16]
                      [--providers ...] [--paths PATH ... | all] [--rounds R] [--retries K] [--json F] [--plot F]
 """
@@ -124,7 +131,13 @@ BLOCK_SHAPES: dict[str, tuple[int, int, int, int]] = {
 DEFAULT_BLOCK_SHAPES = ("block_T4096_N8_D2048_R8", "block_T16_N8_D2048_R8", "block_T1_N8_D2048_R8",
                         "block_T1_N32_D7168_R8")  # timed unless --shapes or --all-blocks says otherwise
 BLOCK_PROVIDERS = ("block-per-layer", "block-two-phase")
-ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS)
+# One no-grad forward of a model's residual stream (ResidualStream, its sublayers left out): name -> (T, D, layers,
+# layers per block); a prefill and a decode token count.
+STREAM_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    f"stream_T{tokens}_D2048_L32_B4": (tokens, 2048, 32, 4) for tokens in (4096, 1)
+}
+STREAM_PROVIDERS = ("stream-per-layer", "stream-two-phase")
+ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS, *STREAM_PROVIDERS)
 
 
 @dataclass
@@ -430,6 +443,96 @@ class BlockCase:
         return [ops.block_attn_res_update(self.live, delta, query, numerator[slot], logit_max[slot], exp_sum[slot],
                                           eps=NORM_EPS)
                 for slot, (delta, query) in enumerate(zip(self.deltas, self.pseudo_queries, strict=True))]
+
+
+def stream_traffic(tokens: int, hidden: int, layers: int, block_size: int) -> dict[str, int]:
+    """The traffic model of one forward of the stream (StreamCase) in float32 elements: the [T, D] planes each
+    step must read and write, walking the schedule. Per-layer: a read with n sealed n + 2 (none with nothing
+    sealed: live itself), an accumulate 3 (none right after a seal: out becomes live), a seal 2. Two-phase: the
+    float32 live stream 2, a read with nothing sealed 2 (a copy of live), a seal 3 (live into its slot, live
+    zeroed) and its prepare n + R (R its readers), a read 5 (an update), an accumulate none (the next update
+    adds it)."""
+    per_layer, two_phase = 0, 2  # two-phase: the embeddings into the float32 live stream
+    sealed = 0
+    for layer in range(layers):
+        per_layer += sealed + 2 if sealed else 0
+        two_phase += 5 if sealed else 2
+        if layer % block_size == 0:
+            sealed += 1
+            readers = 2 * min(block_size, layers - layer)  # the mlp read of this layer ... the next attn read
+            per_layer += 2
+            two_phase += 3 + sealed + readers
+        per_layer += 0 if layer % block_size == 0 else 3  # the attention output
+        per_layer += sealed + 2 + 3  # the mlp read, the mlp output
+        two_phase += 5
+    per_layer += sealed + 2  # the final read
+    two_phase += 5
+    plane = tokens * hidden
+    return {"stream-per-layer": per_layer * plane, "stream-two-phase": two_phase * plane}
+
+
+class StreamCase:
+    """One no-grad forward of a K3-style stack of L layers on a ResidualStream (a seal every B layers, reads
+    before attention and MLP, a final read) at (T, D, L, B), all float32. The sublayers are left out: their
+    outputs are given, so the stream alone is timed, with the copies and adds its storage needs.
+
+    stream-per-layer: two_phase=False (each read one block_attention_residuals).
+    stream-two-phase: each seal declares the reads up to the next one (one prepare, then an update per read)."""
+
+    directions = ("forward",)
+    dtype = torch.float32
+
+    def __init__(self, shape: tuple[int, int, int, int], seed: int = 0):
+        from attnres_ge.api import BlockAttnRes
+
+        tokens, hidden, layers, block_size = shape
+        generator = torch.Generator().manual_seed(seed)
+        self.shape = shape
+        self.embeddings = torch.randn(tokens, hidden, generator=generator)
+        self.outputs = [0.5 * torch.randn(tokens, hidden, generator=generator) for _ in range(2)]
+        self.mixers = [BlockAttnRes(hidden, norm_eps=NORM_EPS) for _ in range(2 * layers + 1)]  # attn, mlp, ..., final
+        with torch.no_grad():
+            for mixer in self.mixers:
+                mixer.proj_weight.copy_(0.5 * torch.randn(1, hidden, generator=generator) / hidden**0.5)
+
+    @property
+    def seals(self) -> int:
+        _, _, layers, block_size = self.shape
+        return -(-layers // block_size)
+
+    def copy_elements(self) -> int:
+        tokens, hidden, _, _ = self.shape
+        return tokens * self.seals * hidden  # the snapshots' size
+
+    def provider_traffic(self, direction: str, provider: str) -> int:
+        return 4 * stream_traffic(*self.shape)[provider]
+
+    def path(self, provider: str) -> str:
+        return kernel_path() if provider == "stream-per-layer" else two_phase_path()
+
+    def provider(self, name: str) -> dict[str, Callable[[], object]]:
+        return {"forward": functools.partial(self.forward, name == "stream-two-phase")}
+
+    def readers(self, layer: int) -> list:
+        """The reads from the seal in `layer` to the next seal, in order."""
+        _, _, layers, block_size = self.shape
+        end = min(layer + block_size, layers)
+        return self.mixers[2 * layer + 1: 2 * end + 1]
+
+    def forward(self, two_phase: bool) -> torch.Tensor:
+        from attnres_ge.stream import ResidualStream
+
+        _, _, layers, block_size = self.shape
+        with torch.no_grad():
+            stream = ResidualStream(self.embeddings, max_blocks=self.seals, two_phase=two_phase)
+            for layer in range(layers):
+                stream.read(self.mixers[2 * layer])
+                if layer % block_size == 0:
+                    stream.seal(readers=self.readers(layer) if two_phase else None)
+                stream.accumulate(self.outputs[0])
+                stream.read(self.mixers[2 * layer + 1])
+                stream.accumulate(self.outputs[1])
+            return stream.read(self.mixers[-1])
 
 
 # ---------------------------------------------------------------------------- timing
@@ -828,12 +931,13 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
     """The per-layer op's shapes of the run; sets args.two_phase_shapes and args.block_shapes. Named shapes
     pick their suite; with neither --shapes nor --shape, every suite's default shapes; --all-blocks adds every
     block shape."""
-    default = [*SHAPES, *TWO_PHASE_SHAPES, *DEFAULT_BLOCK_SHAPES]
+    default = [*SHAPES, *TWO_PHASE_SHAPES, *DEFAULT_BLOCK_SHAPES, *STREAM_SHAPES]
     names = list(args.shapes or ([] if args.shape else default))
     if args.all_blocks:
         names += list(BLOCK_SHAPES)
     args.two_phase_shapes = {name: TWO_PHASE_SHAPES[name] for name in names if name in TWO_PHASE_SHAPES}
     args.block_shapes = {name: BLOCK_SHAPES[name] for name in names if name in BLOCK_SHAPES}
+    args.stream_shapes = {name: STREAM_SHAPES[name] for name in names if name in STREAM_SHAPES}
     shapes = {name: SHAPES[name] for name in names if name in SHAPES}
     shapes.update(args.shape)
     return shapes
@@ -841,12 +945,13 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnres-ge bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=None, choices=[*SHAPES, *TWO_PHASE_SHAPES, *BLOCK_SHAPES],
-                        metavar="NAME",
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="NAME",
+                        choices=[*SHAPES, *TWO_PHASE_SHAPES, *BLOCK_SHAPES, *STREAM_SHAPES],
                         help=f"named shapes to time: the per-layer op's {', '.join(SHAPES)} (T_N_H); the two-phase "
                              f"ops' {', '.join(TWO_PHASE_SHAPES)} (T_N_S_D); blocks block_T{{4096,16,1}}_N{{8,32}}_"
-                             f"D{{2048,7168}}_R{BLOCK_READS} (default: all per-layer and two-phase shapes and the "
-                             f"blocks {', '.join(DEFAULT_BLOCK_SHAPES)}, unless --shape is given)")
+                             f"D{{2048,7168}}_R{BLOCK_READS}; the stream's {', '.join(STREAM_SHAPES)} (T_D_layers_"
+                             f"layers per block) (default: all per-layer, two-phase and stream shapes and the blocks "
+                             f"{', '.join(DEFAULT_BLOCK_SHAPES)}, unless --shape is given)")
     parser.add_argument("--all-blocks", action="store_true",
                         help=f"also time every block shape ({len(BLOCK_SHAPES)}), not only the chosen ones")
     parser.add_argument("--shape", action="append", type=named_shape, default=[], metavar="T,N,H",
@@ -856,7 +961,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--providers", nargs="+", default=list(ALL_PROVIDERS), choices=list(ALL_PROVIDERS),
                         metavar="PROVIDER", help=f"what to time: the per-layer op's {', '.join(PROVIDERS)}; the "
                                                  f"two-phase ops' {', '.join(TWO_PHASE_PROVIDERS)}; a block's "
-                                                 f"{', '.join(BLOCK_PROVIDERS)} (default: all)")
+                                                 f"{', '.join(BLOCK_PROVIDERS)}; the stream's "
+                                                 f"{', '.join(STREAM_PROVIDERS)} (default: all)")
     parser.add_argument("--paths", nargs="+", default=None, metavar="PATH",
                         help="instruction set paths of the native kernels to time, one after the other in this run "
                              f"(scalar, avx2, avx512, avx512bf16, or {ALL_PATHS}: every path this CPU runs; "
@@ -957,7 +1063,9 @@ def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace
     if not (later_path and two_phase_path() == "python"):
         results += time_suite(TwoPhaseCase, args.two_phase_shapes, TWO_PHASE_PROVIDERS, args)
     blocks = time_suite(BlockCase, args.block_shapes, BLOCK_PROVIDERS, args)
-    return results + blocks, overheads, block_rows(blocks)
+    streams = time_suite(StreamCase, args.stream_shapes, STREAM_PROVIDERS, args)
+    return results + blocks + streams, overheads, block_rows(blocks, BLOCK_PROVIDERS) + block_rows(streams,
+                                                                                               STREAM_PROVIDERS)
 
 
 def rounds_for(elements: int, args: argparse.Namespace) -> int:
@@ -978,13 +1086,13 @@ def time_suite(case_type, shapes: dict[str, tuple[int, ...]], suite_providers: t
     return results
 
 
-def block_rows(results: list[Measurement]) -> list[dict]:
-    """Per block shape timed both ways (trusted only): the two-phase block's speedup over the per-layer reads,
-    beside the ratio the traffic model predicts."""
+def block_rows(results: list[Measurement], providers: tuple[str, str]) -> list[dict]:
+    """Per block or stream shape timed both ways (`providers`: per-layer, two-phase; trusted only): the two-phase
+    speedup over the per-layer reads, beside the ratio the traffic model predicts."""
     keyed = {(m.shape, m.provider): m for m in results if m.trusted}
     rows = []
     for shape in dict.fromkeys(m.shape for m in results):
-        per_layer, two_phase = keyed.get((shape, BLOCK_PROVIDERS[0])), keyed.get((shape, BLOCK_PROVIDERS[1]))
+        per_layer, two_phase = keyed.get((shape, providers[0])), keyed.get((shape, providers[1]))
         if per_layer is None or two_phase is None:
             continue
         rows.append({"shape": shape, "per_layer_path": per_layer.path, "two_phase_path": two_phase.path,
@@ -996,7 +1104,7 @@ def block_rows(results: list[Measurement]) -> list[dict]:
 
 def block_table(rows: list[dict]) -> list[str]:
     """block_rows as printed lines."""
-    lines = ["one block (R reads between two seals), two-phase against per-layer reads:"]
+    lines = ["one block (R reads between two seals) or one forward of the stream, two-phase against per-layer reads:"]
     for row in rows:
         lines.append(f"  {row['shape']:<26} per-layer ({row['per_layer_path']}) {row['per_layer_ms']:10.3f} ms  "
                      f"two-phase ({row['two_phase_path']}) {row['two_phase_ms']:10.3f} ms  "

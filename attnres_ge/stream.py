@@ -70,9 +70,11 @@ def _require_mixer(method: str, name: str, value) -> BlockAttnRes:
     return value
 
 
-def _pseudo_query(mixer: BlockAttnRes) -> torch.Tensor:
-    """The reader's folded query norm_weight * proj_weight [H], a float32 product (SPEC.md, the two-phase ops)."""
-    return mixer.norm_weight.float() * mixer.proj_weight.float().reshape(-1)
+def _pseudo_queries(readers: list[BlockAttnRes]) -> torch.Tensor:
+    """The readers' folded queries norm_weight * proj_weight [S, H], float32 products (SPEC.md, the two-phase ops)."""
+    norm_weights = torch.stack([mixer.norm_weight for mixer in readers]).float()  # each [H]
+    proj_weights = torch.cat([mixer.proj_weight for mixer in readers]).float()  # each [1, H]
+    return norm_weights * proj_weights
 
 
 def _empty_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -104,11 +106,13 @@ class _OneCandidateRead(torch.autograd.Function):
 
 
 class _Span:
-    """The two-phase state between two seals: the declared readers and prepare's outputs (one row each)."""
+    """The two-phase state between two seals: the declared readers and, per reader, the update's state: its
+    pseudo-query and its rows of prepare's outputs (split once, not indexed per read: decode reads are short)."""
 
-    def __init__(self, readers: list[BlockAttnRes], numerator, logit_max, exp_sum):
+    def __init__(self, readers: list[BlockAttnRes], pseudo_query, numerator, logit_max, exp_sum):
         self.readers = readers
-        self.numerator, self.logit_max, self.exp_sum = numerator, logit_max, exp_sum
+        self.reader_states = list(zip(*(tensor.unbind(0) for tensor in (pseudo_query, numerator, logit_max, exp_sum)),
+                                      strict=True))
         self.next_reader = 0
 
 
@@ -150,6 +154,7 @@ class ResidualStream:
             # The update op writes the live stream in place: it must be this stream's own float32 tensor.
             self.live: torch.Tensor | None = _empty_buffer(tuple(self.shape), torch.float32,
                                                            embeddings.device).copy_(embeddings)
+            self.flat_live = self._flat(self.live, self.shape[-1])  # the update's partial_block, [T, H]
         else:
             self.live = embeddings
 
@@ -296,7 +301,7 @@ class ResidualStream:
         return None
 
     def _flat(self, tensor: torch.Tensor, *trailing: int) -> torch.Tensor:
-        return tensor.reshape(-1, *trailing)
+        return tensor if tensor.dim() == 1 + len(trailing) else tensor.reshape(-1, *trailing)
 
     def _prepare(self, readers: list[BlockAttnRes]) -> _Span:
         hidden, capacity = self.shape[-1], self.snapshots.shape[-2]
@@ -305,11 +310,11 @@ class ResidualStream:
         slots = capacity if capacity <= _PREPARE_MAX_BLOCKS else self.num_sealed
         block_res = self._flat(self.snapshots, capacity, hidden)[:, :slots]
         valid_blocks = torch.tensor([self.num_sealed], dtype=torch.uint64, device=block_res.device)
-        pseudo_query = torch.stack([_pseudo_query(mixer) for mixer in readers])  # [S, H] float32
+        pseudo_query = _pseudo_queries(readers)
         numerator, logit_max, exp_sum = torch.ops.attnres.block_attn_res_prepare(
             block_res, valid_blocks, pseudo_query, eps=readers[0].norm_eps
         )
-        return _Span(readers, numerator, logit_max, exp_sum)
+        return _Span(readers, pseudo_query, numerator, logit_max, exp_sum)
 
     def _fold_pending(self) -> None:
         """Adds a delta no read consumed to the float32 live stream."""
@@ -328,9 +333,6 @@ class ResidualStream:
         if delta is None:  # two reads with nothing accumulated between them
             delta = torch.zeros(self.shape, dtype=self.activation_dtype, device=self.live.device)
         self.pending = None
-        hidden = self.shape[-1]
-        h = torch.ops.attnres.block_attn_res_update(
-            self._flat(self.live, hidden), self._flat(delta, hidden), _pseudo_query(mixer),
-            span.numerator[slot], span.logit_max[slot], span.exp_sum[slot], eps=mixer.norm_eps,
-        )
-        return h.reshape(self.shape)
+        h = torch.ops.attnres.block_attn_res_update(self.flat_live, self._flat(delta, self.shape[-1]),
+                                                    *span.reader_states[slot], eps=mixer.norm_eps)
+        return h if h.dim() == len(self.shape) else h.reshape(self.shape)

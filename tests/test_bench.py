@@ -181,41 +181,48 @@ def test_every_cli_flag_has_help():
 
 TINY_TWO_PHASE = {"T8_N2_S3_D64": (8, 2, 3, 64)}
 TINY_BLOCKS = {"block_T8_N2_D64_R3": (8, 2, 64, 3), "block_T1_N3_D32_R2": (1, 3, 32, 2)}
+TINY_STREAMS = {"stream_T8_D64_L5_B2": (8, 64, 5, 2)}
 
 
 @pytest.fixture
 def tiny_suites(monkeypatch):
-    """The two-phase ops' and the blocks' named shapes, small enough for a test."""
+    """The two-phase ops', the blocks' and the stream's named shapes, small enough for a test."""
     monkeypatch.setattr(bench, "TWO_PHASE_SHAPES", TINY_TWO_PHASE)
     monkeypatch.setattr(bench, "BLOCK_SHAPES", TINY_BLOCKS)
+    monkeypatch.setattr(bench, "STREAM_SHAPES", TINY_STREAMS)
     monkeypatch.setattr(bench, "DEFAULT_BLOCK_SHAPES", ("block_T1_N3_D32_R2",))
 
 
-def test_two_phase_providers_and_blocks_run_end_to_end(tmp_path, never_disturbed, tiny_suites, capsys):
+def test_two_phase_providers_blocks_and_streams_run_end_to_end(tmp_path, never_disturbed, tiny_suites, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--shapes", *TINY_TWO_PHASE, *TINY_BLOCKS, "--rounds", "3", "--json", str(out)]) == 0
+    shapes = [*TINY_TWO_PHASE, *TINY_BLOCKS, *TINY_STREAMS]
+    assert bench.main(["--shapes", *shapes, "--rounds", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     timed = {(m["shape"], m["provider"]): m for m in report["results"]}
     expected = [(name, p) for name in TINY_TWO_PHASE for p in bench.TWO_PHASE_PROVIDERS]
     expected += [(name, p) for name in TINY_BLOCKS for p in bench.BLOCK_PROVIDERS]
+    expected += [(name, p) for name in TINY_STREAMS for p in bench.STREAM_PROVIDERS]
     assert sorted(timed) == sorted(expected)  # no per-layer shape: only named shapes are timed
     for (_, provider), m in timed.items():
         assert m["trusted"] and m["median_ms"] > 0 and m["direction"] == "forward" and m["dtype"] == "float32"
-        runs_per_layer_op = provider == "block-per-layer"
+        runs_per_layer_op = provider in ("block-per-layer", "stream-per-layer")
         assert m["path"] == (bench.kernel_path() if runs_per_layer_op else bench.two_phase_path())
     tokens, blocks, readers, hidden = TINY_TWO_PHASE["T8_N2_S3_D64"]
     assert timed["T8_N2_S3_D64", "prepare-eager"]["traffic_bytes"] == 4 * (8 * 2 * 64 + 8 * 3 * 64 + 2 * 3 * 8)
     assert timed["T8_N2_S3_D64", "update-graph"]["traffic_bytes"] == 4 * (5 * 8 * 64 + 2 * 8)
     rows = {row["shape"]: row for row in report["blocks"]}
-    assert set(rows) == set(TINY_BLOCKS)
+    assert set(rows) == set(TINY_BLOCKS) | set(TINY_STREAMS)
     for name, row in rows.items():
-        per_layer, two_phase = timed[name, "block-per-layer"], timed[name, "block-two-phase"]
+        kind = "block" if name in TINY_BLOCKS else "stream"
+        per_layer, two_phase = timed[name, f"{kind}-per-layer"], timed[name, f"{kind}-two-phase"]
         assert row["speedup"] == pytest.approx(per_layer["median_ms"] / two_phase["median_ms"])
-        _, n, _, r = TINY_BLOCKS[name]
-        assert row["traffic_ratio"] == pytest.approx(r * (n + 5) / (n + 6 * r))
+        assert row["traffic_ratio"] == pytest.approx(per_layer["traffic_bytes"] / two_phase["traffic_bytes"])
+        if kind == "block":
+            _, n, _, r = TINY_BLOCKS[name]
+            assert row["traffic_ratio"] == pytest.approx(r * (n + 5) / (n + 6 * r))
     printed = capsys.readouterr().out
     assert printed.count("two-phase against per-layer reads") == 1
-    assert sum("traffic model" in line and "speedup" in line for line in printed.splitlines()) == len(TINY_BLOCKS)
+    assert sum("traffic model" in line and "speedup" in line for line in printed.splitlines()) == len(rows)
 
 
 def test_traffic_formulas_count_each_plane_once():
@@ -231,6 +238,21 @@ def test_traffic_formulas_count_each_plane_once():
     assert ratio_32 == pytest.approx(296 / 80)  # issue 23: about 2x (N=8) to 4x (N=32) fewer bytes
 
 
+def test_stream_traffic_walks_the_schedule():
+    """Two layers, a seal in each (counted by hand, in planes). Per-layer: seal 2, read 3 (1 sealed), add 3;
+    read 3, seal 2, read 4 (2 sealed), add 3; the final read 4. Two-phase: live into float32 2, the first read 2,
+    seal 3 + prepare 1 + 2, read 5; read 5, seal 3 + prepare 2 + 2, read 5; the final read 5."""
+    assert bench.stream_traffic(1, 1, 2, 1) == {"stream-per-layer": 24, "stream-two-phase": 37}
+    assert bench.stream_traffic(3, 5, 2, 1) == {"stream-per-layer": 24 * 15, "stream-two-phase": 37 * 15}
+
+
+def test_stream_reads_agree_both_ways():
+    """The stream's two providers compute the same forward (so the bench times one computation two ways)."""
+    case = bench.StreamCase((6, 48, 5, 2))
+    per_layer, two_phase = (case.provider(name)["forward"]() for name in bench.STREAM_PROVIDERS)
+    torch.testing.assert_close(two_phase, per_layer, rtol=1e-5, atol=1e-5)
+
+
 def test_block_reads_agree_both_ways():
     """The two providers of a block compute the same reads (so the bench times one computation two ways)."""
     shape = (5, 3, 48, 4)
@@ -241,15 +263,17 @@ def test_block_reads_agree_both_ways():
         torch.testing.assert_close(right, left, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("argv", "two_phase", "blocks"), [
-    ([], list(TINY_TWO_PHASE), ["block_T1_N3_D32_R2"]),  # every suite's default
-    (["--all-blocks"], list(TINY_TWO_PHASE), list(TINY_BLOCKS)),
-    (["--shape", "4,1,16"], [], []),  # a per-layer shape alone times nothing else
-    (["--shapes", "block_T8_N2_D64_R3"], [], ["block_T8_N2_D64_R3"]),
+@pytest.mark.parametrize(("argv", "two_phase", "blocks", "streams"), [
+    ([], list(TINY_TWO_PHASE), ["block_T1_N3_D32_R2"], list(TINY_STREAMS)),  # every suite's default
+    (["--all-blocks"], list(TINY_TWO_PHASE), list(TINY_BLOCKS), list(TINY_STREAMS)),
+    (["--shape", "4,1,16"], [], [], []),  # a per-layer shape alone times nothing else
+    (["--shapes", "block_T8_N2_D64_R3"], [], ["block_T8_N2_D64_R3"], []),
+    (["--shapes", "stream_T8_D64_L5_B2"], [], [], ["stream_T8_D64_L5_B2"]),
 ])
-def test_named_shapes_pick_their_suite(argv, two_phase, blocks, tiny_suites):
+def test_named_shapes_pick_their_suite(argv, two_phase, blocks, streams, tiny_suites):
     args = bench.build_parser().parse_args(argv)
     per_layer = bench.select_shapes(args)
     assert list(args.two_phase_shapes) == two_phase and sorted(args.block_shapes) == sorted(blocks)
+    assert list(args.stream_shapes) == streams
     assert list(per_layer) == (list(bench.SHAPES) if not argv or argv == ["--all-blocks"] else
                                ["T4_N1_H16"] if "--shape" in argv else [])
