@@ -38,7 +38,8 @@ Storage, and why it differs with grad mode:
   buffer and `valid_blocks = n`, so prepare reads the n sealed slots where they are, with no copy. The
   per-layer op needs a contiguous `[..., n, H]` input, which the view of the first n slots is not while
   n < max_blocks: the first per-layer read after a seal makes that copy once, and the reads until the next
-  seal share it (n more slots of memory while the span lasts). `max_blocks=None` lets the buffer double when
+  seal share it (n more slots of memory while the span lasts). The live stream's adds (live + out) go into
+  one [..., H] tensor the stream owns, in place, rather than a fresh tensor per add. `max_blocks=None` lets the buffer double when
   full (one copy each time); give the model's number of seals to allocate once.
 - The two-phase path needs float32 snapshots and keeps the live stream in float32 (CANN's update adds each
   delta to a float32 `partial_block` in place), so a stream that may take it stores both in float32; its reads
@@ -147,6 +148,7 @@ class ResidualStream:
         self.num_sealed = 0
         self.snapshots: torch.Tensor | None = None  # grad path: [..., n, H]; no-grad paths: [..., capacity, H]
         self.contiguous_sealed: torch.Tensor | None = None  # no-grad per-layer reads: [..., n, H] until a seal
+        self.own_live: torch.Tensor | None = None  # no-grad per-layer storage: where live + out is written
         self.span: _Span | None = None
         self.pending: torch.Tensor | None = None  # two-phase: accumulated since the last read, not yet in live
         self.has_live = True  # False from a seal to the next accumulate
@@ -194,9 +196,21 @@ class ResidualStream:
             self.pending = out  # the next read's delta
         elif self.uses_two_phase_storage:
             self.live.add_(out)  # after a seal live is zero, and 0 + out == out exactly
+        elif not self.has_live:
+            self.live = out
+        elif self.grad_mode or torch.is_grad_enabled():
+            self.live = self.live + out  # functional: autograd may need both
         else:
-            self.live = out if not self.has_live else self.live + out
+            self.live = self._add_into_own_live(out)
         self.has_live = True
+
+    def _add_into_own_live(self, out: torch.Tensor) -> torch.Tensor:
+        """live + out without grad, written into the stream's own [..., H] tensor (in place once live is it): a
+        fresh tensor per add would cost more in page faults than the add itself."""
+        dtype = torch.result_type(self.live, out)
+        if self.own_live is None or self.own_live.dtype != dtype:
+            self.own_live = _empty_buffer(tuple(self.shape), dtype, out.device)
+        return torch.add(self.live, out, out=self.own_live)
 
     def seal(self, readers=None) -> None:
         """live becomes a snapshot; `readers` lists, in order, the BlockAttnRes modules that read before the next
@@ -223,7 +237,7 @@ class ResidualStream:
     def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
         if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
             return self.live.to(self.activation_dtype, copy=True)
-        live = self.live.to(self.activation_dtype)
+        live = self.live.to(self.activation_dtype, copy=self.live is self.own_live)  # own_live: added to in place
         if torch.is_grad_enabled() and (mixer.proj_weight.requires_grad or mixer.norm_weight.requires_grad):
             return _OneCandidateRead.apply(live, mixer.proj_weight, mixer.norm_weight)
         return live

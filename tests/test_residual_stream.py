@@ -254,6 +254,30 @@ def test_without_grad_the_snapshots_stay_in_one_preallocated_buffer():
     assert len(buffers) == 1
 
 
+def test_without_grad_the_per_layer_adds_write_one_tensor_of_the_stream_and_hand_out_copies():
+    """live + out goes into the stream's own tensor, in place from the second add on; a read of live alone (nothing
+    sealed) hands out a copy, which later adds leave alone; the embeddings and outputs are never written."""
+    embeddings, outs = embeddings_of((3,)), [embeddings_of((3,), seed=seed) for seed in (2, 3, 4)]
+    given = [tensor.clone() for tensor in (embeddings, *outs)]
+    mixer = BlockAttnRes(HIDDEN)
+    with torch.no_grad():
+        stream = ResidualStream(embeddings, two_phase=False)
+        stream.accumulate(outs[0])
+        own = stream.live
+        first_read = stream.read(mixer)  # nothing sealed: live alone
+        stream.accumulate(outs[1])
+        assert stream.live is own
+        stream.seal()
+        stream.accumulate(outs[2])  # right after a seal: live is out itself
+        stream.accumulate(outs[0])
+        assert stream.live is own
+    torch.testing.assert_close(first_read, embeddings + outs[0], rtol=0, atol=0)
+    torch.testing.assert_close(stream.snapshots[:, 0], embeddings + outs[0] + outs[1], rtol=0, atol=0)
+    torch.testing.assert_close(stream.live, outs[2] + outs[0], rtol=0, atol=0)
+    for before, after in zip(given, (embeddings, *outs), strict=True):
+        assert torch.equal(before, after)
+
+
 class SnapshotArguments(TorchDispatchMode):
     """Records the snapshots (block_res) each attnres read op takes: (op name, tensor)."""
 
