@@ -39,8 +39,9 @@ Storage, and why it differs with grad mode:
   per-layer op needs a contiguous `[..., n, H]` input, which the view of the first n slots is not while
   n < max_blocks: the first per-layer read after a seal makes that copy once, and the reads until the next
   seal share it (n more slots of memory while the span lasts). The live stream's adds (live + out) go into
-  one [..., H] tensor the stream owns, in place, rather than a fresh tensor per add. `max_blocks=None` lets the buffer double when
-  full (one copy each time); give the model's number of seals to allocate once.
+  one [..., H] tensor the stream owns, in place, rather than a fresh tensor per add (in eager mode; a compiler
+  plans its own memory). `max_blocks=None` lets the buffer double when full (one copy each time); give the
+  model's number of seals to allocate once.
 - The two-phase path needs float32 snapshots and keeps the live stream in float32 (CANN's update adds each
   delta to a float32 `partial_block` in place), so a stream that may take it stores both in float32; its reads
   return the dtype of the last accumulated output (the update's `h` is in delta's dtype).
@@ -198,8 +199,8 @@ class ResidualStream:
             self.live.add_(out)  # after a seal live is zero, and 0 + out == out exactly
         elif not self.has_live:
             self.live = out
-        elif self.grad_mode or torch.is_grad_enabled():
-            self.live = self.live + out  # functional: autograd may need both
+        elif self.grad_mode or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            self.live = self.live + out  # functional: autograd may need both; a compiler plans the memory
         else:
             self.live = self._add_into_own_live(out)
         self.has_live = True

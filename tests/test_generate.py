@@ -59,15 +59,20 @@ def test_the_example_prints_tokens_and_time_per_token(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not two_phase_ops_available(), reason="the two-phase torch ops are not built")
-def test_two_phase_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path):
-    """Under attnres_ge's backend the stream's two-phase reads are BlockAttnResPrepare/BlockAttnResUpdate nodes."""
+@pytest.mark.parametrize("two_phase", [pytest.param(None, marks=pytest.mark.skipif(
+    not two_phase_ops_available(), reason="the two-phase torch ops are not built")), False],
+    ids=["two-phase", "per-layer"])
+def test_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path, two_phase):
+    """Under attnres_ge's backend, in one graph per call, the stream's two-phase reads are BlockAttnResPrepare/
+    BlockAttnResUpdate nodes, and its per-layer reads BlockAttentionResiduals nodes."""
     torch._dynamo.reset()
-    model, prompt = model_and_prompt(None)
-    compiled = torch.compile(model, backend=attnres_ge.ge_backend(dump_path=str(tmp_path)))
+    model, prompt = model_and_prompt(two_phase)
+    compiled = torch.compile(model, backend=attnres_ge.ge_backend(dump_path=str(tmp_path)), fullgraph=True)
     eager_caches, graph_caches = [KVCache() for _ in model.layers], [KVCache() for _ in model.layers]
     with torch.no_grad():
         for tokens in (prompt, prompt[:, :1], prompt[:, 1:2]):  # the prefill, then two decode steps
             assert torch.equal(compiled(tokens, graph_caches), model(tokens, eager_caches))
     node_types = "".join(path.read_text() for path in tmp_path.glob("*.pbtxt"))
-    assert 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdate"' in node_types
+    two_phase_nodes = 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdate"' in node_types
+    assert two_phase_nodes == (two_phase is None)
+    assert ('type: "BlockAttentionResiduals"' in node_types) == (two_phase is False)
