@@ -324,7 +324,7 @@ class ResidualStream:
         # is, unless it has more slots than prepare takes (max_blocks > 64), when the sealed ones are copied out.
         slots = capacity if capacity <= _PREPARE_MAX_BLOCKS else self.num_sealed
         block_res = self._flat(self.snapshots, capacity, hidden)[:, :slots]
-        valid_blocks = torch.tensor([self.num_sealed], dtype=torch.uint64, device=block_res.device)
+        valid_blocks = torch.full((1,), self.num_sealed, dtype=torch.uint64, device=block_res.device)
         pseudo_query = _pseudo_queries(readers)
         numerator, logit_max, exp_sum = torch.ops.attnres.block_attn_res_prepare(
             block_res, valid_blocks, pseudo_query, eps=readers[0].norm_eps

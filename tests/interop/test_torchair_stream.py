@@ -48,10 +48,11 @@ def stream_forward(mixers, two_phase):
     return forward
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("two_phase", [None, False], ids=["two-phase", "per-layer"])
-def test_a_no_grad_forward_becomes_our_nodes_in_one_graph(two_phase):
-    forward = stream_forward(make_mixers(), two_phase)
-    embeddings = torch.randn(T, H, generator=torch.Generator().manual_seed(1))
+def test_a_no_grad_forward_becomes_our_nodes_in_one_graph(two_phase, device):
+    forward = stream_forward([mixer.to(device) for mixer in make_mixers()], two_phase)
+    embeddings = torch.randn(T, H, generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
         captured = capture(lambda: npu_compile(forward)(embeddings))
     assert captured.error is None or isinstance(captured.error, CaptureOnlyError), captured.error
