@@ -277,12 +277,20 @@ class ResidualStream:
 
     def _ensure_capacity(self, dtype: torch.dtype, device: torch.device) -> None:
         if self.snapshots is None:
-            slots = self.max_blocks or _FIRST_CAPACITY
-            self.snapshots = _empty_buffer((*self.shape[:-1], slots, self.shape[-1]), dtype, device)
+            self.snapshots = self._snapshot_buffer(self.max_blocks or _FIRST_CAPACITY, dtype, device)
         elif self.num_sealed == self.snapshots.shape[-2]:  # only with max_blocks=None
-            grown = _empty_buffer((*self.shape[:-1], 2 * self.num_sealed, self.shape[-1]), dtype, device)
+            grown = self._snapshot_buffer(2 * self.num_sealed, dtype, device)
             grown[..., : self.num_sealed, :].copy_(self.snapshots)
             self.snapshots = grown
+
+    def _snapshot_buffer(self, slots: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[..., slots, H]. Prepare gets the whole buffer and reads only the sealed slots (valid_blocks), as our
+        kernels do; on other devices, whose kernel (CANN's) this project cannot run, the slots not sealed yet
+        are zeros rather than whatever the memory held."""
+        shape = (*self.shape[:-1], slots, self.shape[-1])
+        if device.type == "cpu":
+            return _empty_buffer(shape, dtype, device)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     # --- the two-phase path --------------------------------------------------------------------------------------
 

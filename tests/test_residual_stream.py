@@ -278,6 +278,21 @@ def test_without_grad_the_per_layer_adds_write_one_tensor_of_the_stream_and_hand
         assert torch.equal(before, after)
 
 
+@needs_two_phase
+def test_prepare_reads_no_slot_beyond_the_sealed_ones(monkeypatch):
+    """Prepare gets the whole buffer with valid_blocks = the sealed count: slots not sealed yet (NaN here) are
+    never read."""
+    def nan_buffer(self, slots, dtype, device):
+        return torch.full((*self.shape[:-1], slots, self.shape[-1]), float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(ResidualStream, "_snapshot_buffer", nan_buffer)
+    model = Stack(5, 2)
+    embeddings = embeddings_of((4,))
+    with torch.no_grad():
+        result = model(embeddings, two_phase=True, max_blocks=6)  # 3 seals into 6 slots
+    assert_close_float32(result, reference_stack(model, embeddings.double()), "NaN in the unsealed slots")
+
+
 class SnapshotArguments(TorchDispatchMode):
     """Records the snapshots (block_res) each attnres read op takes: (op name, tensor)."""
 
