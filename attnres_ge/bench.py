@@ -928,9 +928,9 @@ def named_shape(text: str) -> tuple[str, tuple[int, int, int]]:
 
 
 def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
-    """The per-layer op's shapes of the run; sets args.two_phase_shapes and args.block_shapes. Named shapes
-    pick their suite; with neither --shapes nor --shape, every suite's default shapes; --all-blocks adds every
-    block shape."""
+    """The per-layer op's shapes of the run; sets args.two_phase_shapes, args.block_shapes and
+    args.stream_shapes. Named shapes pick their suite; with neither --shapes nor --shape, every suite's default
+    shapes; --all-blocks adds every block shape."""
     default = [*SHAPES, *TWO_PHASE_SHAPES, *DEFAULT_BLOCK_SHAPES, *STREAM_SHAPES]
     names = list(args.shapes or ([] if args.shape else default))
     if args.all_blocks:
