@@ -237,11 +237,15 @@ class ResidualStream:
 
     def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
         if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
-            return self.live.to(self.activation_dtype, copy=True)
-        live = self.live.to(self.activation_dtype, copy=self.live is self.own_live)  # own_live: added to in place
+            return self._copy_of_live()
+        live = self._copy_of_live() if self.live is self.own_live else self.live.to(self.activation_dtype)
         if torch.is_grad_enabled() and (mixer.proj_weight.requires_grad or mixer.norm_weight.requires_grad):
             return _OneCandidateRead.apply(live, mixer.proj_weight, mixer.norm_weight)
         return live
+
+    def _copy_of_live(self) -> torch.Tensor:
+        """live in the activation dtype, in memory of its own (live itself is added to in place later)."""
+        return _empty_buffer(tuple(self.shape), self.activation_dtype, self.live.device).copy_(self.live)
 
     # --- storage -------------------------------------------------------------------------------------------------
 
