@@ -88,6 +88,22 @@ def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
     assert pool.in_use_bytes() == 0 and pool.idle_bytes() == 4 * HUGE_PAGE, "one kept for reuse, two unmapped"
 
 
+def test_a_mapping_larger_than_the_cap_stays_for_the_next_output_of_its_size():
+    """An output larger than the whole cap (prepare's numerator at D=7168) is reused call after call; the mappings
+    returned before it go first."""
+    pool = make_pool(max_idle_bytes=HUGE_PAGE * 4)
+    small = pool.empty(SHAPE, torch.float32)  # 4 huge pages
+    large = pool.empty((2 * SHAPE[0], *SHAPE[1:]), torch.float32)  # 8: twice the cap
+    del small
+    assert pool.idle_bytes() == 4 * HUGE_PAGE
+    del large
+    assert pool.idle_bytes() == 8 * HUGE_PAGE, "the large mapping stays, the small one goes"
+    mapped = pool.mapped
+    again = pool.empty((2 * SHAPE[0], *SHAPE[1:]), torch.float32)
+    assert pool.mapped == mapped and pool.idle_bytes() == 0, "the next output of its size took it"
+    del again
+
+
 def test_the_idle_cap_holds_after_a_threaded_burst():
     cap = 24 * HUGE_PAGE
     pool = make_pool(max_idle_bytes=cap)
