@@ -293,6 +293,17 @@ def test_prepare_reads_no_slot_beyond_the_sealed_ones(monkeypatch):
     assert_close_float32(result, reference_stack(model, embeddings.double()), "NaN in the unsealed slots")
 
 
+@needs_two_phase
+def test_a_buffer_of_more_slots_than_prepare_takes_hands_it_the_sealed_ones():
+    """max_blocks above prepare's limit of 64 snapshots: prepare gets the sealed slots (a copy), not the buffer."""
+    model = Stack(5, 2)
+    embeddings = embeddings_of((3,))
+    with torch.no_grad():
+        result = model(embeddings, two_phase=True, max_blocks=70)
+    assert all(model.spans_two_phase)
+    assert_close_float32(result, reference_stack(model, embeddings.double()), "max_blocks=70")
+
+
 class SnapshotArguments(TorchDispatchMode):
     """Records the snapshots (block_res) each attnres read op takes: (op name, tensor)."""
 
