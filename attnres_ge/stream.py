@@ -88,6 +88,11 @@ def _empty_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _own_copy(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy of `tensor` in `dtype`, in a buffer of the stream's own (_empty_buffer)."""
+    return _empty_buffer(tuple(tensor.shape), dtype, tensor.device).copy_(tensor)
+
+
 class _OneCandidateRead(torch.autograd.Function):
     """A read with nothing sealed: live itself, and zero gradients for the mixer's parameters.
 
@@ -155,8 +160,7 @@ class ResidualStream:
         self.has_live = True  # False from a seal to the next accumulate
         if self.uses_two_phase_storage:
             # The update op writes the live stream in place: it must be this stream's own float32 tensor.
-            self.live: torch.Tensor | None = _empty_buffer(tuple(self.shape), torch.float32,
-                                                           embeddings.device).copy_(embeddings)
+            self.live: torch.Tensor | None = _own_copy(embeddings, torch.float32)
             self.flat_live = self._flat(self.live, self.shape[-1])  # the update's partial_block, [T, H]
         else:
             self.live = embeddings
@@ -237,15 +241,14 @@ class ResidualStream:
 
     def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
         if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
-            return self._copy_of_live()
-        live = self._copy_of_live() if self.live is self.own_live else self.live.to(self.activation_dtype)
+            return _own_copy(self.live, self.activation_dtype)
+        if self.live is self.own_live:  # added to in place later: hand out a copy
+            live = _own_copy(self.live, self.activation_dtype)
+        else:
+            live = self.live.to(self.activation_dtype)
         if torch.is_grad_enabled() and (mixer.proj_weight.requires_grad or mixer.norm_weight.requires_grad):
             return _OneCandidateRead.apply(live, mixer.proj_weight, mixer.norm_weight)
         return live
-
-    def _copy_of_live(self) -> torch.Tensor:
-        """live in the activation dtype, in memory of its own (live itself is added to in place later)."""
-        return _empty_buffer(tuple(self.shape), self.activation_dtype, self.live.device).copy_(self.live)
 
     # --- storage -------------------------------------------------------------------------------------------------
 
@@ -257,7 +260,7 @@ class ResidualStream:
         if self.contiguous_sealed is None:
             sealed = self.snapshots[..., : self.num_sealed, :]
             if not sealed.is_contiguous():
-                sealed = _empty_buffer(tuple(sealed.shape), sealed.dtype, sealed.device).copy_(sealed)
+                sealed = _own_copy(sealed, sealed.dtype)
             self.contiguous_sealed = sealed
         return self.contiguous_sealed
 
