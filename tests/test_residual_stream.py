@@ -213,15 +213,24 @@ def test_a_growing_buffer_takes_more_seals_than_its_first_allocation():
 
 
 class OpCalls(TorchDispatchMode):
-    """Counts the attnres ops run under it, by name."""
+    """Records the attnres ops run under it, in order: (name, positional arguments)."""
 
     def __init__(self):
         super().__init__()
-        self.counts = collections.Counter()
+        self.calls = []
+
+    @property
+    def counts(self) -> collections.Counter:
+        return collections.Counter(name for name, _ in self.calls)
+
+    def snapshots(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, block_res) of each read op that takes the snapshots: the per-layer op and prepare."""
+        return [(name, args[1] if name == "block_attention_residuals" else args[0]) for name, args in self.calls
+                if name in ("block_attention_residuals", "block_attn_res_prepare")]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "attnres":
-            self.counts[func.__name__.split(".")[0]] += 1
+            self.calls.append((func.__name__.split(".")[0], args))
         return func(*args, **(kwargs or {}))
 
 
@@ -304,36 +313,23 @@ def test_a_buffer_of_more_slots_than_prepare_takes_hands_it_the_sealed_ones():
     assert_close_float32(result, reference_stack(model, embeddings.double()), "max_blocks=70")
 
 
-class SnapshotArguments(TorchDispatchMode):
-    """Records the snapshots (block_res) each attnres read op takes: (op name, tensor)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if func.namespace == "attnres" and name in ("block_attention_residuals", "block_attn_res_prepare"):
-            self.seen.append((name, args[1] if name == "block_attention_residuals" else args[0]))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("two_phase", [False, pytest.param(True, marks=needs_two_phase)],
                          ids=["per-layer", "two-phase"])
 def test_without_grad_no_read_copies_the_snapshots(two_phase):
     """The ops get contiguous snapshots (they would copy others on every call): prepare the whole buffer itself
     (valid_blocks names the sealed slots), per-layer reads one [..., n, H] copy per seal, shared by the span."""
     model = Stack(6, 2)  # 3 seals, 4 reads after each; the buffer's first two spans see a part of it
-    with torch.no_grad(), SnapshotArguments() as arguments:
+    with torch.no_grad(), OpCalls() as calls:
         result = model(embeddings_of((2, 3)), two_phase=two_phase)
     assert_close_float32(result, reference_stack(model, embeddings_of((2, 3)).double()), "stream")
-    assert all(tensor.is_contiguous() for _, tensor in arguments.seen)
+    seen = calls.snapshots()
+    assert all(tensor.is_contiguous() for _, tensor in seen)
     if two_phase:
-        assert [name for name, _ in arguments.seen] == ["block_attn_res_prepare"] * 3
-        assert len({tensor.data_ptr() for _, tensor in arguments.seen}) == 1  # the buffer, each time
-        assert {tensor.shape[1] for _, tensor in arguments.seen} == {3}
+        assert [name for name, _ in seen] == ["block_attn_res_prepare"] * 3
+        assert len({tensor.data_ptr() for _, tensor in seen}) == 1  # the buffer, each time
+        assert {tensor.shape[1] for _, tensor in seen} == {3}
     else:
-        per_span = [arguments.seen[span * 4:(span + 1) * 4] for span in range(3)]
+        per_span = [seen[span * 4:(span + 1) * 4] for span in range(3)]
         for span, reads in enumerate(per_span):
             assert {tensor.shape[1] for _, tensor in reads} == {span + 1}
             assert len({tensor.data_ptr() for _, tensor in reads}) == 1
