@@ -22,74 +22,121 @@ constexpr float kLowestFloat32 = -0x1.fffffep127f;  // the empty state's logit_m
 static_assert(sizeof(D16) == kLanes * sizeof(double), "a D16 is its 16 lanes in order");
 constexpr int kDotParts = static_cast<int>(kLanes) / kDotPartLanes;  // sweeps of a group's lanes
 
-// One part of a group, K rows (v, widened) into their squares (kSquares) and their dots with Q queries.
+// The float64 pseudo-queries in pass 1's order: for each group of 16 elements, for each part of its lanes
+// (kDotPartLanes lanes, kDotParts parts), the S queries' lanes one after the other,
+// [D_pad / 16][kDotParts][S][kDotPartLanes]. A block of queries at one group and part is then one
+// pointer and fixed offsets, and the next group's is a fixed stride on: the inner loop holds no pointer
+// per query (with one per query the register blocks left too few registers for the pointers).
+class PartQueries {
+ public:
+  PartQueries(const float* pseudo_query, int64_t queries, int64_t hidden)
+      : queries_(queries), lanes_(queries * padded_hidden(hidden)) {
+    std::vector<double> wide(padded_hidden(hidden));
+    for (int64_t s = 0; s < queries; ++s) {
+      to_wide_lane_layout(pseudo_query + s * hidden, hidden, wide.data());
+      for (int64_t h = 0; h < padded_hidden(hidden); h += kLanes) {
+        for (int part = 0; part < kDotParts; ++part) {
+          std::memcpy(lanes_.data() + offset(h / kLanes, part, s), wide.data() + h + part * kDotPartLanes,
+                      kDotPartLanes * sizeof(double));
+        }
+      }
+    }
+  }
+  // Query s's lanes of `part` at the group holding element h (h % 16 == 0).
+  const double* at(int64_t h, int part, int64_t s) const { return lanes_.data() + offset(h / kLanes, part, s); }
+  int64_t group_stride() const { return kDotParts * queries_ * kDotPartLanes; }
+
+ private:
+  int64_t offset(int64_t group, int part, int64_t s) const {
+    return ((group * kDotParts + part) * queries_ + s) * kDotPartLanes;
+  }
+
+  int64_t queries_;
+  std::vector<double> lanes_;
+};
+
+// One part of a group: K rows (v, widened) into their squares (kSquares) and their dots with Q queries,
+// query q's lanes at query + q * kDotPartLanes. Always inlined: as a call, its register block would
+// go through memory on every group (GCC 12 left it a call on avx2, at twice the time).
 template <int K, int Q, bool kSquares>
-inline void add_dot_part(const DPart* v, const double* const* queries, int64_t at, DPart* sq, DPart (*acc)[K]) {
+[[gnu::always_inline]] inline void add_dot_part(const DPart* v, const double* query, DPart* sq, DPart (*acc)[K]) {
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
     if (kSquares) sq[r] = dpart_fma(v[r], v[r], sq[r]);
   }
 #pragma GCC unroll 8
   for (int q = 0; q < Q; ++q) {
-    const DPart query = dpart_load(queries[q] + at);
+    const DPart lanes = dpart_load(query + q * kDotPartLanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < K; ++r) acc[q][r] = dpart_fma(v[r], query, acc[q][r]);
+    for (int r = 0; r < K; ++r) acc[q][r] = dpart_fma(v[r], lanes, acc[q][r]);
   }
 }
 
-// Lanes [first, first + kDotPartLanes) over [h0, h1) of K rows' dots with Q queries (see row_query_dots).
-template <int K, int Q, bool kSquares>
-inline void row_query_dots_part(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
-                                double* const* squares, double* const* dots, int first,
-                                const float* const* next) {
+// Where a block of K rows x Q queries keeps its float64 lanes between chunks: row r's squares at
+// squares[r], its dot with query q at dots[q * dot_stride + r].
+struct DotLanes {
+  D16* squares;
+  D16* dots;
+  int64_t dot_stride;
+
+  double* square(int r, int first) const { return reinterpret_cast<double*>(squares + r) + first; }
+  double* dot(int q, int r, int first) const { return reinterpret_cast<double*>(dots + q * dot_stride + r) + first; }
+};
+
+// Lanes [first, first + kDotPartLanes) of `part` over [h0, h1) (h0 % 16 == 0) of K rows (row r at
+// row0 + r * row_stride) against Q queries from `queries` (see row_query_dots). kPrefetch: also fetch
+// the line at h of each row's next-token copy, `next_offset` elements on, into L2.
+template <int K, int Q, bool kSquares, bool kPrefetch>
+inline void row_query_dots_part(const float* row0, int64_t row_stride, const PartQueries& queries, int64_t s,
+                                int part, int64_t h0, int64_t h1, const DotLanes& lanes, int64_t next_offset) {
+  const int first = part * kDotPartLanes;
   DPart sq[K], acc[Q][K], v[K];  // one register each, since every loop over r and q is unrolled
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
-    if (kSquares) sq[r] = dpart_load(squares[r] + first);
+    if (kSquares) sq[r] = dpart_load(lanes.square(r, first));
 #pragma GCC unroll 8
-    for (int q = 0; q < Q; ++q) acc[q][r] = dpart_load(dots[q * K + r] + first);
+    for (int q = 0; q < Q; ++q) acc[q][r] = dpart_load(lanes.dot(q, r, first));
   }
+  const double* query = queries.at(h0, part, s);
+  const int64_t group_stride = queries.group_stride();
   int64_t h = h0;
-  for (; h + kLanes <= h1; h += kLanes) {
+  for (; h + kLanes <= h1; h += kLanes, query += group_stride) {
 #pragma GCC unroll 8
     for (int r = 0; r < K; ++r) {
-      if (next != nullptr) prefetch_l2(next[r] + h);
-      v[r] = dpart_widen(rows[r] + h + first);
+      const float* row = row0 + r * row_stride + h;
+      if (kPrefetch) prefetch_l2(row + next_offset);
+      v[r] = dpart_widen(row + first);
     }
-    add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
+    add_dot_part<K, Q, kSquares>(v, query, sq, acc);
   }
   if (h < h1) {  // the last, partial group (h1 == D), copied zero padded; each part widens its lanes
     float group[kLanes];
     for (int r = 0; r < K; ++r) {
-      copy_partial(rows[r] + h, h1 - h, group);
+      copy_partial(row0 + r * row_stride + h, h1 - h, group);
       v[r] = dpart_widen(group + first);
     }
-    add_dot_part<K, Q, kSquares>(v, queries, h + first, sq, acc);
+    add_dot_part<K, Q, kSquares>(v, query, sq, acc);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < K; ++r) {
-    if (kSquares) dpart_store(squares[r] + first, sq[r]);
+    if (kSquares) dpart_store(lanes.square(r, first), sq[r]);
 #pragma GCC unroll 8
-    for (int q = 0; q < Q; ++q) dpart_store(dots[q * K + r] + first, acc[q][r]);
+    for (int q = 0; q < Q; ++q) dpart_store(lanes.dot(q, r, first), acc[q][r]);
   }
 }
 
-// Lanes over [h0, h1) of K rows' dots with Q queries (float64, zero padded, element order) into
-// dots[q * dot_stride + r], and with kSquares of the rows' squares into squares[r], one part of the
-// lanes after the other. next (or null): rows whose line at h the first part prefetches into L2
-// (the next token's).
+// Lanes over [h0, h1) of K rows' dots with queries [s, s + Q) (float64, zero padded, element order),
+// and with kSquares of the rows' squares, one part of the lanes after the other. With next_offset > 0
+// the first part prefetches the rows' next-token copies into L2.
 template <int K, int Q, bool kSquares>
-inline void row_query_dots(const float* const* rows, const double* const* queries, int64_t h0, int64_t h1,
-                           D16* squares, D16* dots, int64_t dot_stride, const float* const* next) {
-  double* square_lanes[K];
-  double* dot_lanes[Q * K];
-  for (int r = 0; r < K; ++r) {
-    square_lanes[r] = reinterpret_cast<double*>(squares + r);
-    for (int q = 0; q < Q; ++q) dot_lanes[q * K + r] = reinterpret_cast<double*>(dots + q * dot_stride + r);
-  }
+inline void row_query_dots(const float* row0, int64_t row_stride, const PartQueries& queries, int64_t s,
+                           int64_t h0, int64_t h1, const DotLanes& lanes, int64_t next_offset) {
   for (int part = 0; part < kDotParts; ++part) {
-    row_query_dots_part<K, Q, kSquares>(rows, queries, h0, h1, square_lanes, dot_lanes, part * kDotPartLanes,
-                                        part == 0 ? next : nullptr);
+    if (part == 0 && next_offset > 0) {
+      row_query_dots_part<K, Q, kSquares, true>(row0, row_stride, queries, s, part, h0, h1, lanes, next_offset);
+    } else {
+      row_query_dots_part<K, Q, kSquares, false>(row0, row_stride, queries, s, part, h0, h1, lanes, 0);
+    }
   }
 }
 
@@ -150,58 +197,52 @@ inline double row_max(const double* x, int64_t n) {
 }
 
 // Pass 1 walks H in chunks of this many elements (a multiple of 16), every row block against every
-// query block over one chunk before the next: the chunk of all S float64 queries (16 KiB at S = 8)
-// stays in L1 while the row blocks reuse it, where whole rows would stream the queries from L2 once
-// per row block. The lanes go through memory between chunks; no element's operations change.
-constexpr int64_t kPrepareChunk = 256;
+// query block over one chunk before the next, so that a chunk of the token's rows (32 KiB at N = 8)
+// and of the queries (64 KiB at S = 8) are reused from L1/L2 by the blocks. The lanes go through
+// memory between chunks; no element's operations change. Timed on an AMD Zen 4 host (N = S = 8,
+// D = 2048, one thread, from cache): chunks of 1024 take 0.9 of the time of chunks of 256, whose
+// per-chunk loads and stores of the lanes cost more than the queries' trips to L2 save.
+constexpr int64_t kPrepareChunk = 1024;
 
 // A task's scratch and the per-call constants it reads.
 struct PrepareTask {
   const PrepareArgs& args;
   int64_t valid;                       // rows read per token
-  const std::vector<double>& queries;  // [S, D_pad] float64, zero padded
-  int64_t query_stride;                // D_pad
+  const PartQueries& queries;
   bool stream;
   LaneArray squares, dots;             // [Nv], [query_tile, Nv]
   std::vector<double> norms, logits;   // [Nv] each
   std::vector<float> weights;          // [query_tile, Nv] exps, as float32
-  std::vector<const float*> rows;      // [Nv] of the token
-  std::vector<const float*> next_rows; // [Nv] of the token after it, prefetched in pass 1
+  std::vector<const float*> rows;      // [Nv] of the token, row i at rows[0] + i * hidden
 
-  PrepareTask(const PrepareArgs& a, int64_t nv, const std::vector<double>& q, int64_t stride, bool s)
-      : args(a), valid(nv), queries(q), query_stride(stride), stream(s), squares(nv), dots(a.query_tile * nv),
-        norms(nv), logits(nv), weights(a.query_tile * nv), rows(nv), next_rows(nv) {}
-
-  const double* query(int64_t s) const { return queries.data() + s * query_stride; }
+  PrepareTask(const PrepareArgs& a, int64_t nv, const PartQueries& q, bool s)
+      : args(a), valid(nv), queries(q), stream(s), squares(nv), dots(a.query_tile * nv), norms(nv), logits(nv),
+        weights(a.query_tile * nv), rows(nv) {}
 
   // Pass 1 of token t's rows against queries [q0, q0 + count): squares (once per group) and dots;
-  // next (or null): the rows to prefetch meanwhile.
-  void score_lanes(int64_t q0, int64_t count, const float* const* next) {
+  // with prefetch, the next token's rows are fetched meanwhile.
+  void score_lanes(int64_t q0, int64_t count, bool prefetch) {
     for (int64_t i = 0; i < valid; ++i) squares[i] = dzero();
     for (int64_t i = 0; i < count * valid; ++i) dots[i] = dzero();
     const HiddenTiles& tiles = args.tiles;
     for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
       for (int64_t h0 = tiles.begin(tile); h0 < tiles.end(tile); h0 += kPrepareChunk) {
-        score_chunk(q0, count, next, h0, std::min(tiles.end(tile), h0 + kPrepareChunk));
+        score_chunk(q0, count, prefetch, h0, std::min(tiles.end(tile), h0 + kPrepareChunk));
       }
     }
   }
 
   // Pass 1 over one chunk [h0, h1) of the hidden dimension, every row block against every query block.
-  void score_chunk(int64_t q0, int64_t count, const float* const* next, int64_t h0, int64_t h1) {
+  void score_chunk(int64_t q0, int64_t count, bool prefetch, int64_t h0, int64_t h1) {
+    const int64_t next_offset = prefetch ? args.blocks * args.hidden : 0;  // the next token's rows
     for_row_groups<kPrepareDotRows>(valid, [&](auto k, int64_t r) {
       for_row_groups<kPrepareDotQueries>(count, [&](auto q, int64_t s) {
-        const double* block_queries[decltype(q)::value];
-        for (int j = 0; j < decltype(q)::value; ++j) block_queries[j] = query(q0 + s + j);
-        D16* block_dots = dots.data() + s * valid + r;
+        constexpr int kK = decltype(k)::value, kQ = decltype(q)::value;
+        const DotLanes lanes{squares.data() + r, dots.data() + s * valid + r, valid};
         if (s == 0) {  // the squares, and the next token's rows fetched, once per row
-          row_query_dots<decltype(k)::value, decltype(q)::value, true>(rows.data() + r, block_queries, h0, h1,
-                                                                       squares.data() + r, block_dots, valid,
-                                                                       next == nullptr ? nullptr : next + r);
+          row_query_dots<kK, kQ, true>(rows[r], args.hidden, queries, q0 + s, h0, h1, lanes, next_offset);
         } else {
-          row_query_dots<decltype(k)::value, decltype(q)::value, false>(rows.data() + r, block_queries, h0, h1,
-                                                                        squares.data() + r, block_dots, valid,
-                                                                        nullptr);
+          row_query_dots<kK, kQ, false>(rows[r], args.hidden, queries, q0 + s, h0, h1, lanes, 0);
         }
       });
     });
@@ -267,14 +308,11 @@ struct PrepareTask {
         empty_state(t);
         continue;
       }
-      for (int64_t i = 0; i < valid; ++i) {
-        rows[i] = args.block_res + (t * args.blocks + i) * args.hidden;
-        next_rows[i] = rows[i] + args.blocks * args.hidden;
-      }
+      for (int64_t i = 0; i < valid; ++i) rows[i] = args.block_res + (t * args.blocks + i) * args.hidden;
       for (int64_t group = 0; group < args.query_tile_num; ++group) {
         const int64_t q0 = group * args.query_tile;
         const int64_t count = group == args.query_tile_num - 1 ? args.query_last_tile : args.query_tile;
-        score_lanes(q0, count, group == 0 && t + 1 < stop ? next_rows.data() : nullptr);
+        score_lanes(q0, count, group == 0 && t + 1 < stop);
         softmax_state(t, q0, count);
         numerators(t, q0, count);
       }
@@ -287,14 +325,10 @@ struct PrepareTask {
 
 void prepare(const PrepareArgs& args, int max_threads) {
   const int64_t valid = static_cast<int64_t>(std::min<uint64_t>(*args.valid_blocks, args.blocks));
-  const int64_t stride = padded_hidden(args.hidden);
-  std::vector<double> queries(args.queries * stride);  // [S, D_pad] float64, element order (float32 inputs)
-  for (int64_t s = 0; s < args.queries; ++s) {
-    to_wide_lane_layout(args.pseudo_query + s * args.hidden, args.hidden, queries.data() + s * stride);
-  }
+  const PartQueries queries(args.pseudo_query, args.queries, args.hidden);
   const bool stream = args.stream_stores && can_stream<float>(args.numerator, args.hidden);
   parallel_tasks(args.used_core_num, max_threads, [&](int64_t core) {
-    PrepareTask task(args, valid, queries, stride, stream);
+    PrepareTask task(args, valid, queries, stream);
     task.run(core);
   });
 }
