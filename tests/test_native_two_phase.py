@@ -156,6 +156,18 @@ def test_prepare_agrees_with_the_python_oracle(valid):
     assert tiling.h_tile_num > 1 and tiling.query_tile_num > 1, tiling
 
 
+@pytest.mark.parametrize("ub_size", [1 << 20, 131072])
+def test_prepare_agrees_with_the_python_oracle_across_pass_1_chunks(ub_size):
+    """D = 2500 spans several of pass 1's chunks of 1024 elements and ends off the 16-lane grid; the smaller
+    buffer cuts it into hidden tiles of 1712 and 788 elements, so a chunk ends at a tile's end."""
+    block_res, pseudo_query = prepare_case(9, 7, 6, 2500, seed=ub_size)
+    native_out, tiling = run_prepare(block_res, 7, pseudo_query, 2, ub_size)
+    python_out, _ = run_prepare(block_res, 7, pseudo_query, 2, ub_size, implementation="python")
+    for name, a, b in zip(("numerator", "logit_max", "exp_sum"), native_out, python_out, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6, msg=lambda m, name=name: f"{name}: {m}")
+    assert (tiling.h_tile_num > 1) == (ub_size == 131072), tiling
+
+
 @pytest.mark.parametrize("delta_id", DELTA_DTYPES)
 def test_update_agrees_with_the_python_oracle(delta_id):
     inputs = update_case(23, 300, DELTA_DTYPES[delta_id], seed=3)
