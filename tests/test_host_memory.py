@@ -88,20 +88,25 @@ def test_idle_mappings_beyond_the_cap_are_unmapped_as_they_come_back():
     assert pool.in_use_bytes() == 0 and pool.idle_bytes() == 4 * HUGE_PAGE, "one kept for reuse, two unmapped"
 
 
-def test_a_mapping_larger_than_the_cap_stays_for_the_next_output_of_its_size():
-    """An output larger than the whole cap (prepare's numerator at D=7168) is reused call after call; the mappings
-    returned before it go first."""
+def test_a_mapping_larger_than_the_cap_stays_while_smaller_ones_come_and_go():
+    """An output larger than the whole cap (prepare's numerator at D=7168) is reused call after call, while the
+    smaller outputs of the calls between (the updates') are held to the cap as ever."""
     pool = make_pool(max_idle_bytes=HUGE_PAGE * 4)
-    small = pool.empty(SHAPE, torch.float32)  # 4 huge pages
-    large = pool.empty((2 * SHAPE[0], *SHAPE[1:]), torch.float32)  # 8: twice the cap
-    del small
-    assert pool.idle_bytes() == 4 * HUGE_PAGE
+    large_shape = (2 * SHAPE[0], *SHAPE[1:])  # 8 huge pages: twice the cap
+    large = pool.empty(large_shape, torch.float32)
     del large
-    assert pool.idle_bytes() == 8 * HUGE_PAGE, "the large mapping stays, the small one goes"
+    assert pool.idle_bytes() == 8 * HUGE_PAGE, "the large mapping stays"
+    smalls = [pool.empty(SHAPE, torch.float32) for _ in range(2)]  # 4 huge pages each
+    del smalls
+    assert pool.idle_bytes() == (8 + 4) * HUGE_PAGE, "one small mapping kept under the cap, beside the large one"
     mapped = pool.mapped
-    again = pool.empty((2 * SHAPE[0], *SHAPE[1:]), torch.float32)
-    assert pool.mapped == mapped and pool.idle_bytes() == 0, "the next output of its size took it"
-    del again
+    again = pool.empty(large_shape, torch.float32)
+    assert pool.mapped == mapped and pool.idle_bytes() == 4 * HUGE_PAGE, "the next output of its size took it"
+    larger = pool.empty((3 * SHAPE[0], *SHAPE[1:]), torch.float32)  # 12 huge pages
+    del again  # the large mapping idle again, beside the small one
+    assert pool.idle_bytes() == (8 + 4) * HUGE_PAGE
+    del larger
+    assert pool.idle_bytes() == 12 * HUGE_PAGE, "only the newest of the mappings above the cap stays"
 
 
 def test_the_idle_cap_holds_after_a_threaded_burst():
