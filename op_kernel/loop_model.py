@@ -369,6 +369,7 @@ class LoopSpec:
     anchor: str
     header: str
     dtypes: tuple[str, ...]  # the dtypes that run it: pass 1 sums 16-bit types in float32 runs (add_runs)
+    groups: int = 1  # the groups of 16 elements of each row that one trip round the loop adds
 
     def runs_for(self, dtype: str) -> bool:
         return dtype in self.dtypes
@@ -379,14 +380,14 @@ RUN_END_NAME = "add_runs run end"
 SPECS = (
     LoopSpec("forward", "pass 1", "dot_lanes_k", "kernel_loops.h", "inline void dot_lanes_k(",
              "for (; h + kLanes <= h1; h += kLanes) {", dtypes=("float32",)),
-    LoopSpec("forward", "pass 1", "add_runs", "kernel_loops.h", "inline void add_runs(",
-             "for (; h + kLanes <= stop; h += kLanes) {", dtypes=SIXTEEN_BIT),
+    LoopSpec("forward", "pass 1", "add_runs", "kernel_loops.h", "void add_runs(",
+             "for (; h + 2 * kLanes <= stop; h += 2 * kLanes) {", dtypes=SIXTEEN_BIT, groups=2),
     LoopSpec("forward", "pass 2", "weighted_sum_groups", "forward_kernel.h", "inline void weighted_sum_groups(",
              "for (int64_t i = 0; i < row_num; ++i) {", dtypes=DTYPES),
     LoopSpec("backward", "pass 1", "dot_lanes_k", "kernel_loops.h", "inline void dot_lanes_k(",
              "for (; h + kLanes <= h1; h += kLanes) {", dtypes=("float32",)),
-    LoopSpec("backward", "pass 1", "add_runs", "kernel_loops.h", "inline void add_runs(",
-             "for (; h + kLanes <= stop; h += kLanes) {", dtypes=SIXTEEN_BIT),
+    LoopSpec("backward", "pass 1", "add_runs", "kernel_loops.h", "void add_runs(",
+             "for (; h + 2 * kLanes <= stop; h += 2 * kLanes) {", dtypes=SIXTEEN_BIT, groups=2),
     LoopSpec("backward", "pass 2", "grad_rows", "backward_kernel.h", "inline void grad_rows(",
              "for (; h + kGroups * kLanes <= h1; h += kGroups * kLanes) {", dtypes=DTYPES),
 )
@@ -469,7 +470,7 @@ def elements_per_iteration(spec: LoopSpec, dtype: str, rows: int, loop: Loop | N
         return rows_per_call(spec, rows) * 16 * (2 if DTYPE_SIZE[dtype] == 2 else 1)
     if spec.name == RUN_END_NAME:
         return rows_per_call(spec, rows) * 16 * run_groups()
-    return rows_per_call(spec, rows) * 16
+    return rows_per_call(spec, rows) * 16 * spec.groups
 
 
 def bytes_per_element(op: str, dtype: str, rows: int) -> float:
@@ -500,7 +501,8 @@ def _loop_dtype_and_op(function: str) -> tuple[str | None, str | None]:
     elif "backward_impl" in head or "grad_rows" in head or "grad_tile" in head:
         op = "backward"
     elif "add_runs" in head or "dot_lanes" in head:
-        op = "forward" if ", true," in arguments else "backward" if ", false," in arguments else None
+        squares = arguments.strip("<>").split(", ")[1:2]  # their second template argument: kSquares
+        op = {"true": "forward", "false": "backward"}.get(squares[0]) if squares else None
     return dtype, op
 
 

@@ -250,13 +250,39 @@ inline V16 add_weight_term(V16 v, V16 w, V16 sum) {
   return std::is_same<T, BF16>::value ? vfma_exact_product(v, w, sum) : vfma(v, w, sum);
 }
 
+// The terms of kGroups full groups from h of kRows rows added to their runs' sums (add_runs), row by
+// row: a sum the registers cannot hold goes through memory once for all kGroups terms.
+template <int kRows, int kGroups, bool kSquares, typename T>
+[[gnu::always_inline]] inline void add_group_terms(const T* const* rows, const T* x, const float* w, int64_t h,
+                                                   V16* x_sums, V16* w_sums) {
+  V16 wv[kGroups], xv[kGroups];
+#pragma GCC unroll 2
+  for (int g = 0; g < kGroups; ++g) {
+    wv[g] = vload(w + h + g * kLanes);
+    if (!kSquares) xv[g] = vload(x + h + g * kLanes);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 2
+    for (int g = 0; g < kGroups; ++g) {
+      const V16 v = vload(rows[r] + h + g * kLanes);
+      x_sums[r] = vfma_exact_product(v, kSquares ? v : xv[g], x_sums[r]);
+      w_sums[r] = add_weight_term<T>(v, wv[g], w_sums[r]);
+    }
+  }
+}
+
 // Adds the terms of [h0, h1) (h0 a multiple of 16) of kRows rows to their runs, and each run that
 // completes, or reaches H, to the rows' float64 lanes. x: the shared row of the sums with x (the
 // backward's go, as T; unused with kSquares), w: the score weight as float32 in the lane layout of T.
-// next (or null): rows whose lines at h are prefetched (a null row is not).
-template <int kRows, bool kSquares, typename T>
-inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1, int64_t hidden,
-                     RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
+// kPrefetch: next holds rows whose lines at h are prefetched (a null row is not), a 64-byte line (two
+// groups) at a time; without it next is unused. The prefetch is a template flag, not a test of next,
+// and the loop takes two groups a step, so that the prefetch's pointer loads and tests (AVX2 has 16
+// general registers for 9 rows and 9 rows to prefetch) come once a line, not once a group.
+template <int kRows, bool kSquares, bool kPrefetch, typename T>
+[[gnu::noinline]] void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1,
+                                int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
+  static_assert(sizeof(T) == 2, "float32 runs are not built: 2 groups are one line of 16-bit values");
   const D16 one = widen(vset(1.0f));
   V16 x_sums[kRows], w_sums[kRows];  // in registers, since every loop over r is unrolled (else: the stack)
 #pragma GCC unroll 16
@@ -264,19 +290,30 @@ inline void add_runs(const T* const* rows, const T* x, const float* w, int64_t h
     x_sums[r] = runs[r].x;
     w_sums[r] = runs[r].w;
   }
-  for (int64_t h = h0; h < h1;) {
-    const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
-    for (; h + kLanes <= stop; h += kLanes) {
-      const V16 wv = vload(w + h);
-      V16 xv;
-      if (!kSquares) xv = vload(x + h);
+  const auto add_group = [&](int64_t at) { add_group_terms<kRows, 1, kSquares>(rows, x, w, at, x_sums, w_sums); };
+  const auto prefetch_line = [&](int64_t at) {
+    if (kPrefetch) {
 #pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
-        if (next != nullptr && next[r] != nullptr) prefetch_l2(next[r] + h);
-        const V16 v = vload(rows[r] + h);
-        x_sums[r] = vfma_exact_product(v, kSquares ? v : xv, x_sums[r]);
-        w_sums[r] = add_weight_term<T>(v, wv, w_sums[r]);
+        if (next[r] != nullptr) prefetch_l2(next[r] + at);
       }
+    }
+  };
+  for (int64_t h = h0; h < h1;) {
+    const int64_t stop = std::min(h1, (h / kRunElements + 1) * kRunElements);
+    if (h % (2 * kLanes) != 0 && h + kLanes <= stop) {  // a tile that starts in the middle of a line
+      prefetch_line(h);
+      add_group(h);
+      h += kLanes;
+    }
+    for (; h + 2 * kLanes <= stop; h += 2 * kLanes) {
+      prefetch_line(h);
+      add_group_terms<kRows, 2, kSquares>(rows, x, w, h, x_sums, w_sums);
+    }
+    if (h + kLanes <= stop) {  // one group left before the tile's end or H
+      prefetch_line(h);
+      add_group(h);
+      h += kLanes;
     }
     if (h < stop) {  // the last, partial group (stop == H), zero padded
       const V16 wv = vload(w + h);
@@ -315,8 +352,12 @@ template <bool kSquares, typename T>
 inline void add_runs_rows(const T* const* rows, int64_t row_num, const T* x, const float* w, int64_t h0, int64_t h1,
                           int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
   for_row_groups<kRunRows>(row_num, [&](auto k, int64_t i) {
-    add_runs<decltype(k)::value, kSquares>(rows + i, x, w, h0, h1, hidden, runs + i, x_lanes + i, w_lanes + i,
-                                           next != nullptr ? next + i : nullptr);
+    constexpr int kRows = decltype(k)::value;
+    if (next != nullptr) {
+      add_runs<kRows, kSquares, true>(rows + i, x, w, h0, h1, hidden, runs + i, x_lanes + i, w_lanes + i, next + i);
+    } else {
+      add_runs<kRows, kSquares, false>(rows + i, x, w, h0, h1, hidden, runs + i, x_lanes + i, w_lanes + i, next);
+    }
   });
 }
 
