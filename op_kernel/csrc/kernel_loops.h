@@ -278,7 +278,8 @@ template <int kRows, int kGroups, bool kSquares, typename T>
 // kPrefetch: next holds rows whose lines at h are prefetched (a null row is not), a 64-byte line (two
 // groups) at a time; without it next is unused. The prefetch is a template flag, not a test of next,
 // and the loop takes two groups a step, so that the prefetch's pointer loads and tests (AVX2 has 16
-// general registers for 9 rows and 9 rows to prefetch) come once a line, not once a group.
+// general registers for 9 rows and 9 rows to prefetch) come once a line, not once a group. Out of line:
+// inlined into the forward's task, GCC kept the 512-bit paths' run sums on the stack (docs/kernels.md).
 template <int kRows, bool kSquares, bool kPrefetch, typename T>
 [[gnu::noinline]] void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1,
                                 int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {
