@@ -247,17 +247,20 @@ def test_repeated_calls_give_the_same_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-def test_streaming_stores_write_the_same_bits(dtype, monkeypatch):
-    """The non-temporal store path (large outputs only by default) against the ordinary one; H = 1040 keeps rows
-    32-byte aligned."""
+def test_streaming_stores_write_the_same_bits(dtype, monkeypatch, restore_isa_path):
+    """The non-temporal store path (large outputs only by default) against the ordinary one, on every instruction
+    set path this CPU runs (each has its own streaming stores); H = 1040 keeps rows 32-byte aligned."""
     from attnres_ge.op_kernel import native
 
     inputs, stats, grad_hidden, _ = backward_case(70, 3, 1040, dtype, seed=4)
-    plain = run_forward(inputs)[0] + run_backward(inputs, stats, grad_hidden)[0]
-    monkeypatch.setattr(native, "STREAM_MIN_BYTES", 0)
-    streamed = run_forward(inputs)[0] + run_backward(inputs, stats, grad_hidden)[0]
-    for name, a, b in zip(FORWARD_NAMES + BACKWARD_NAMES, streamed, plain, strict=True):
-        assert_bitwise_equal(name, a, b)
+    for path in native.available_isa_paths():
+        native.use_isa_path(path)
+        monkeypatch.setattr(native, "STREAM_MIN_BYTES", 1 << 62)
+        plain = run_forward(inputs)[0] + run_backward(inputs, stats, grad_hidden)[0]
+        monkeypatch.setattr(native, "STREAM_MIN_BYTES", 0)
+        streamed = run_forward(inputs)[0] + run_backward(inputs, stats, grad_hidden)[0]
+        for name, a, b in zip(FORWARD_NAMES + BACKWARD_NAMES, streamed, plain, strict=True):
+            assert_bitwise_equal(f"{path}: {name}", a, b)
 
 
 def test_native_agrees_with_the_python_oracle():
