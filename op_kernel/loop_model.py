@@ -378,13 +378,13 @@ class LoopSpec:
 RUN_END_NAME = "add_runs run end"
 
 SPECS = (
-    LoopSpec("forward", "pass 1", "dot_lanes_k", "kernel_loops.h", "inline void dot_lanes_k(",
+    LoopSpec("forward", "pass 1", "dot_lanes_k", "kernel_loops.h", "void dot_lanes_k(",
              "for (; h + kLanes <= h1; h += kLanes) {", dtypes=("float32",)),
     LoopSpec("forward", "pass 1", "add_runs", "kernel_loops.h", "void add_runs(",
              "for (; h + 2 * kLanes <= stop; h += 2 * kLanes) {", dtypes=SIXTEEN_BIT, groups=2),
     LoopSpec("forward", "pass 2", "weighted_sum_groups", "forward_kernel.h", "inline void weighted_sum_groups(",
              "for (int64_t i = 0; i < row_num; ++i) {", dtypes=DTYPES),
-    LoopSpec("backward", "pass 1", "dot_lanes_k", "kernel_loops.h", "inline void dot_lanes_k(",
+    LoopSpec("backward", "pass 1", "dot_lanes_k", "kernel_loops.h", "void dot_lanes_k(",
              "for (; h + kLanes <= h1; h += kLanes) {", dtypes=("float32",)),
     LoopSpec("backward", "pass 1", "add_runs", "kernel_loops.h", "void add_runs(",
              "for (; h + 2 * kLanes <= stop; h += 2 * kLanes) {", dtypes=SIXTEEN_BIT, groups=2),

@@ -157,12 +157,15 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
 }
 
 // The same for K rows at once, sharing the loads of x and w. Each row's lanes see exactly the
-// operations dot_lanes_1 would apply, so the bits do not depend on K. next_rows (or null): rows
-// whose line at h each step prefetches into L2 (the same rows of the token a core takes up next;
-// a null row is not prefetched).
-template <int K, bool kSquares, typename T>
-inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
-                        D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
+// operations dot_lanes_1 would apply, so the bits do not depend on K. kPrefetch: next_rows holds rows
+// whose line at h each step prefetches into L2 (the same rows of the token a core takes up next; a
+// null row is not prefetched); without it next_rows is unused. A template flag rather than a test of
+// next_rows, as in add_runs: the test would come once per row and group. Out of line: measured faster
+// so on avx2 (its float32 forward from cache 66-68 against 58-61 us), though llvm-mca models the two
+// loops within 2 instructions of each other (docs/kernels.md, performance notes).
+template <int K, bool kSquares, bool kPrefetch, typename T>
+[[gnu::noinline]] void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
+                                   D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
   D16 xs[K], ys[K];  // in registers as far as they fit, since every loop over r is unrolled
 #pragma GCC unroll 16
   for (int r = 0; r < K; ++r) {
@@ -176,7 +179,7 @@ inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, 
     if (!kSquares) xv = dload(x + h);
 #pragma GCC unroll 16
     for (int r = 0; r < K; ++r) {
-      if (next_rows != nullptr && next_rows[r] != nullptr) prefetch_l2(next_rows[r] + h);
+      if (kPrefetch && next_rows[r] != nullptr) prefetch_l2(next_rows[r] + h);
       const D16 v = widen(vload(rows[r] + h));
       xs[r] = dfma(v, kSquares ? v : xv, xs[r]);
       ys[r] = dfma(v, wv, ys[r]);
@@ -192,6 +195,8 @@ inline void dot_lanes_k(const T* const* rows, const double* x, const double* w, 
 
 // Rows dot_lanes_k reads at once: four keep 16 float64 accumulators (32 registers of AVX-512,
 // spilling on AVX2), and more rows at once were not faster (docs/kernels.md, performance notes).
+// One row at a time made AVX2's forward faster from cache and on one thread, but was not shown faster
+// on two threads from memory, where the rows' streams count (docs/kernels.md, performance notes).
 constexpr int kDotRows = 4;
 
 // Whether float32 rows are read interleaved: pass 1 walks H in chunks of kFloat32RowChunk elements,
@@ -211,8 +216,12 @@ inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* 
   for (int64_t c0 = h0; c0 < h1; c0 += chunk) {
     const int64_t c1 = std::min(h1, c0 + chunk);
     for_row_groups<kDotRows>(row_num, [&](auto k, int64_t i) {
-      dot_lanes_k<decltype(k)::value, kSquares>(rows + i, x, w, c0, c1, x_lanes + i, y_lanes + i,
-                                                next_rows != nullptr ? next_rows + i : nullptr);
+      constexpr int kRows = decltype(k)::value;
+      if (next_rows != nullptr) {
+        dot_lanes_k<kRows, kSquares, true>(rows + i, x, w, c0, c1, x_lanes + i, y_lanes + i, next_rows + i);
+      } else {
+        dot_lanes_k<kRows, kSquares, false>(rows + i, x, w, c0, c1, x_lanes + i, y_lanes + i, next_rows);
+      }
     });
   }
 }
