@@ -76,6 +76,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform as host_platform
 import resource
 import statistics
@@ -839,6 +840,9 @@ def machine() -> dict:
                 info[name] = handle.read().strip()
         except OSError:
             pass
+    # Whether torch puts large allocations (the inputs) in huge pages: it changes the ops' time from memory
+    # (docs/memory.md, "Your inputs' pages").
+    info["torch_huge_page_allocs"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
     return info
 
 
