@@ -23,15 +23,38 @@ inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t ro
   V16 acc[G];  // in registers: every loop over g is unrolled (else GCC keeps acc on the stack)
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) acc[g] = vzero();
+  // Each element's sum is its own, so bfloat16 lines may come split (kSplitBf16Lines): the same bits.
+  constexpr bool kSplit = std::is_same<T, BF16>::value && kSplitBf16Lines && G % 2 == 0;
   for (int64_t i = 0; i < row_num; ++i) {
     if (next != nullptr && next[i] != nullptr) {
       for (int64_t e = 0; e < G * kLanes; e += kLineElements) prefetch_l2(next[i] + h + e);
     }
     const V16 pi = vset(p[i]);
+    if constexpr (kSplit) {
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g += 2) {
+        V16 even, odd;
+        vload_split(rows[i] + h + g * kLanes, even, odd);
+        acc[g] = vfma(pi, even, acc[g]);
+        acc[g + 1] = vfma(pi, odd, acc[g + 1]);
+      }
+    } else {
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
+      for (int g = 0; g < G; ++g) acc[g] = vfma(pi, vload(rows[i] + h + g * kLanes), acc[g]);
+    }
   }
-  store_groups<G, kStream>(out + h, acc);
+  if constexpr (kSplit) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g += 2) {
+      if (kStream) {
+        vstream_split(out + h + g * kLanes, acc[g], acc[g + 1]);
+      } else {
+        vstore_split(out + h + g * kLanes, acc[g], acc[g + 1]);
+      }
+    }
+  } else {
+    store_groups<G, kStream>(out + h, acc);
+  }
 }
 
 // The same for the last, partial group of n < 16 elements.

@@ -177,6 +177,44 @@ inline void vstream_pair(BF16* p, V16 a, V16 b) {
 }
 inline void stream_fence() { _mm_sfence(); }
 
+// A line of 32 bfloat16 as two groups whose lanes are not lane_element's: the even elements (lane l =
+// element 2l) and the odd ones (2l + 1), by one load, one shift and one mask where two vloads take two
+// loads and two byte shuffles. Only for sums that go element by element into a stored row (the
+// forward's pass 2), whose lanes nothing else sees (docs/kernels.md, performance notes).
+constexpr bool kSplitBf16Lines = true;
+inline void vload_split(const BF16* p, V16& even, V16& odd) {
+  const __m512i raw = _mm512_loadu_si512(p);
+  even = {_mm512_castsi512_ps(_mm512_slli_epi32(raw, 16))};
+  odd = {_mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+
+// Its inverse, rounded as from_float<BF16>: the 32 bfloat16 in memory order.
+inline __m512i pack_bf16_split_integer(__m512 even, __m512 odd) {
+  constexpr __mmask32 kOddWords = 0xaaaaaaaau;
+  return _mm512_mask_blend_epi16(kOddWords, _mm512_srli_epi32(bf16_rounded_lanes(even), 16), bf16_rounded_lanes(odd));
+}
+#if ATTNRES_AVX512_BF16
+// Converted together (as pack_bf16_pair, the integer rounding for a NaN or subnormal), even's words
+// first; kBf16SplitWords interleaves them.
+alignas(64) constexpr uint16_t kBf16SplitWords[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+[[gnu::always_inline]] inline __m512i pack_bf16_split(V16 even, V16 odd) {
+  if ((_mm512_fpclass_ps_mask(even.v, kNanOrSubnormal) | _mm512_fpclass_ps_mask(odd.v, kNanOrSubnormal)) != 0) {
+    return pack_bf16_split_integer(even.v, odd.v);
+  }
+  const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd.v, even.v);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kBf16SplitWords), words);
+}
+#else
+inline __m512i pack_bf16_split(V16 even, V16 odd) { return pack_bf16_split_integer(even.v, odd.v); }
+#endif
+inline void vstore_split(BF16* p, V16 even, V16 odd) { _mm512_storeu_si512(p, pack_bf16_split(even, odd)); }
+inline void vstream_split(BF16* p, V16 even, V16 odd) {  // p: 32-byte aligned, as vstream_pair
+  const __m512i packed = pack_bf16_split(even, odd);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(packed));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p + 16), _mm512_extracti64x4_epi64(packed, 1));
+}
+
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }

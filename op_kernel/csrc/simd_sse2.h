@@ -310,6 +310,9 @@ inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), 
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
+// No split bfloat16 lines (simd_avx512.h): this path's bfloat16 loads are shifts and masks already.
+constexpr bool kSplitBf16Lines = false;
+
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h).
 constexpr int64_t kFloat32RowChunk = 0;
 
