@@ -399,11 +399,18 @@ RUN_END = ("kernel_loops.h", "if (h % kRunElements == 0 || h == hidden)", "x_sum
 KERNEL_FILES = ("kernel_loops.h", "forward_kernel.h", "backward_kernel.h")
 
 
-def kernel_constant(name: str) -> int:
-    """A constexpr integer of kernel_loops.h (kRunGroups, kRunRows, kDotRows), as the modelled sources set it."""
-    match = re.search(rf"constexpr int(?:64_t)? {name} = (\d+);", (CSRC / "kernel_loops.h").read_text())
+# The header that sets a path's own constants (kRunRows); the scalar path's on x86, where its SSE2 lanes run.
+PATH_HEADERS = {"scalar": "simd_sse2.h", "avx2": "simd_avx2.h", "avx512": "simd_avx512.h",
+                "avx512bf16": "simd_avx512.h"}
+
+
+def kernel_constant(name: str, path: str | None = None) -> int:
+    """A constexpr integer of kernel_loops.h (kRunGroups, kDotRows) or, given a path, of that path's simd_*.h
+    (kRunRows), as the modelled sources set it."""
+    source = PATH_HEADERS[path] if path else "kernel_loops.h"
+    match = re.search(rf"constexpr int(?:64_t)? {name} = (\d+);", (CSRC / source).read_text())
     if match is None:
-        raise RuntimeError(f"{name} not found in kernel_loops.h")
+        raise RuntimeError(f"{name} not found in {source}")
     return int(match.group(1))
 
 
@@ -448,29 +455,29 @@ def run_end_block(loop: Loop) -> Loop | None:
     return Loop(loop.function, "", region, False, items, begin)
 
 
-def rows_per_call(spec: LoopSpec, rows: int) -> int:
-    """How many rows one call of the loop handles at the shape's N + 1 rows (for_row_groups, grad_tile)."""
+def rows_per_call(spec: LoopSpec, rows: int, path: str) -> int:
+    """How many rows one call of the loop handles on path at the shape's N + 1 rows (for_row_groups, grad_tile)."""
     if spec.name == "dot_lanes_k":
         groups = -(-rows // kernel_constant("kDotRows"))
         return -(-rows // groups)
     if spec.name.startswith("add_runs"):
-        groups = -(-rows // kernel_constant("kRunRows"))
+        groups = -(-rows // kernel_constant("kRunRows", path))
         return -(-rows // groups)
     if spec.name == "grad_rows":
         return 2  # grad_tile's kRows (the odd last row takes grad_rows<1>, not modelled)
     return 1
 
 
-def elements_per_iteration(spec: LoopSpec, dtype: str, rows: int, loop: Loop | None = None) -> int:
+def elements_per_iteration(spec: LoopSpec, dtype: str, rows: int, path: str, loop: Loop | None = None) -> int:
     """Row elements (one element of one value row) one iteration of the loop handles."""
     if spec.name == "weighted_sum_groups":
         # a step of four groups prefetches 4 (float32) or 2 (16-bit) lines of the row, a single group one
         return 16 if loop is not None and loop.count(r"^prefetcht1\b") == 1 else 64
     if spec.name == "grad_rows":
-        return rows_per_call(spec, rows) * 16 * (2 if DTYPE_SIZE[dtype] == 2 else 1)
+        return rows_per_call(spec, rows, path) * 16 * (2 if DTYPE_SIZE[dtype] == 2 else 1)
     if spec.name == RUN_END_NAME:
-        return rows_per_call(spec, rows) * 16 * run_groups()
-    return rows_per_call(spec, rows) * 16 * spec.groups
+        return rows_per_call(spec, rows, path) * 16 * run_groups()
+    return rows_per_call(spec, rows, path) * 16 * spec.groups
 
 
 def bytes_per_element(op: str, dtype: str, rows: int) -> float:
@@ -506,13 +513,13 @@ def _loop_dtype_and_op(function: str) -> tuple[str | None, str | None]:
     return dtype, op
 
 
-def find_hot_loop(loops: list[Loop], spec: LoopSpec, dtype: str, rows: int) -> Loop | None:
+def find_hot_loop(loops: list[Loop], spec: LoopSpec, dtype: str, rows: int, path: str) -> Loop | None:
     """The instance of spec's loop that runs most at the shape: for spec's dtype and op, the right row count,
     and the variant that prefetches the next token's rows (every token but a core's last block)."""
     if not spec.runs_for(dtype):
         return None
     line = source_line(spec.file, spec.anchor, spec.header)
-    k = rows_per_call(spec, rows)
+    k = rows_per_call(spec, rows, path)
     candidates = []
     for loop in loops:
         if (spec.file, line) not in loop.lines():
@@ -690,7 +697,7 @@ class Row:
         model = self.models.get(cpu)
         if model is None:
             return None
-        return model.cycles_per_iteration / elements_per_iteration(self.spec, self.dtype, rows, self.loop)
+        return model.cycles_per_iteration / elements_per_iteration(self.spec, self.dtype, rows, self.path, self.loop)
 
 
 def hot_loops(path: str, assembly: Path, dtypes=DTYPES, rows: int = DEFAULT_ROWS) -> list[Row]:
@@ -701,7 +708,7 @@ def hot_loops(path: str, assembly: Path, dtypes=DTYPES, rows: int = DEFAULT_ROWS
         for dtype in dtypes:
             if not spec.runs_for(dtype):
                 continue
-            loop = find_hot_loop(loops, spec, dtype, rows)
+            loop = find_hot_loop(loops, spec, dtype, rows, path)
             result.append(Row(path, spec.op, dtype, spec, loop, {}))
             if spec.name == "add_runs":
                 end = dataclasses.replace(spec, name=RUN_END_NAME)
@@ -730,8 +737,9 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
         for r in path_rows:
             insns = len(r.loop.instructions) if r.loop else "not found"
             cells = [fmt(r.cycles_per_element(c, rows)) + ("!" if r.flagged(c) else "") for c in cpus]
-            print(f"| {r.op} | {r.dtype} | {r.spec.pass_} `{r.spec.name}` | {insns} | "
-                  f"{elements_per_iteration(r.spec, r.dtype, rows, r.loop)} | " + " | ".join(cells) + " |", file=out)
+            elements = elements_per_iteration(r.spec, r.dtype, rows, r.path, r.loop)
+            print(f"| {r.op} | {r.dtype} | {r.spec.pass_} `{r.spec.name}` | {insns} | {elements} | "
+                  + " | ".join(cells) + " |", file=out)
         print("\n| op | dtype | bytes/elem | memory c/elem | " + " | ".join(f"{c}" for c in cpus) + " |", file=out)
         print("|---|---|---|---|" + "---|" * len(cpus), file=out)
         for op in ("forward", "backward"):
@@ -782,7 +790,7 @@ def write_csv(rows_by_path: dict[str, list[Row]], rows: int, target: Path) -> No
             for r in path_rows:
                 for cpu, model in r.models.items():
                     writer.writerow([path, r.op, r.dtype, r.spec.pass_, r.spec.name, cpu, len(r.loop.instructions),
-                                     elements_per_iteration(r.spec, r.dtype, rows, r.loop),
+                                     elements_per_iteration(r.spec, r.dtype, rows, r.path, r.loop),
                                      f"{model.cycles_per_iteration:.2f}", f"{r.cycles_per_element(cpu, rows):.4f}",
                                      model.bound, " ".join(model.unmodelled)])
 

@@ -178,13 +178,14 @@ def test_avx2_hot_loops_are_found(avx2_rows):
     forward_f32 = _mnemonics(avx2_rows["forward", "float32", "dot_lanes_k"])
     assert forward_f32.count("prefetcht1") == 3 and forward_f32.count("vcvtps2pd") == 12
     assert any(m.startswith("vfmadd") and m.endswith("pd") for m in forward_f32)
-    # The 16-bit runs: nine rows of float32 fused multiply-adds, two groups (a line) a step, each row's line
-    # prefetched once, no float64 inside the loop; at their end the widening, once per run.
+    # The 16-bit runs: three rows (avx2's kRunRows; 9 = 3 + 3 + 3) of float32 fused multiply-adds, two groups
+    # (a line) a step, each row's line prefetched once, no float64 inside the loop; at their end the widening,
+    # once per run.
     runs = _mnemonics(avx2_rows["forward", "bfloat16", "add_runs"])
-    assert runs.count("prefetcht1") == 9 and "vcvtps2pd" not in runs
-    assert sum(m.startswith("vfmadd") and m.endswith("ps") for m in runs) == 9 * 2 * 2 * 2
+    assert runs.count("prefetcht1") == 3 and "vcvtps2pd" not in runs
+    assert sum(m.startswith("vfmadd") and m.endswith("ps") for m in runs) == 3 * 2 * 2 * 2
     run_end = _mnemonics(avx2_rows["forward", "bfloat16", loop_model.RUN_END_NAME])
-    assert run_end.count("vcvtps2pd") == 9 * 2 * 4
+    assert run_end.count("vcvtps2pd") == 3 * 2 * 4
     # Pass 2 of the bfloat16 backward: streaming stores of rounded words; the NaN blend is off the common path.
     grads = _mnemonics(avx2_rows["backward", "bfloat16", "grad_rows"])
     assert grads.count("vmovntdq") == 4 and "vpblendw" in grads and "vblendvps" not in grads

@@ -88,12 +88,22 @@ inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_
 }
 
 // How many of the next token's rows pass 1 prefetches; pass 2 prefetches the rest. The 16-bit
-// forward leaves the last third to pass 2, whose arithmetic is then overlapped by memory reads too
-// (pass 2 is about a third of its work); float32's pass 1 is the far longer one and prefetches
-// them all (docs/kernels.md, performance notes).
+// forward leaves a third to pass 2, whose arithmetic is then overlapped by memory reads too (pass 2
+// is about a third of its work); float32's pass 1 is the far longer one and prefetches them all
+// (docs/kernels.md, performance notes).
 template <typename T>
 constexpr int64_t rows_prefetched_in_pass1(int64_t rows) {
   return sizeof(T) == 2 ? rows - rows / 3 : rows;
+}
+
+// Row i's place in the order the passes prefetch rows in (pass 1 the first rows_prefetched_in_pass1):
+// for the 16-bit types every third row comes last, so that where pass 1 reads rows in groups of three
+// (kRunRows), each group's walk over H prefetches two of them, not the first two groups three each and
+// the last none.
+template <typename T>
+constexpr int64_t prefetch_rank(int64_t i, int64_t rows) {
+  if (sizeof(T) == 4) return i;
+  return i % 3 != 2 ? i - i / 3 : rows_prefetched_in_pass1<T>(rows) + i / 3;
 }
 
 // The rows whose run sums may have lost bits (kRunMinSum, for the sum of squares; a zero row's are
@@ -168,12 +178,13 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     int64_t start, stop;
     core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
     const int64_t pass1_rows = rows_prefetched_in_pass1<T>(rows);
-    // Rows [first, last) of token t + block_tokens (the same place in this core's next block), the
-    // others null; or null.
+    // The rows of token t + block_tokens (the same place in this core's next block) whose
+    // prefetch_rank is in [first, last), the others null; or null.
     const auto rows_to_prefetch = [&](int64_t t, int64_t first, int64_t last) -> const T* const* {
       if (t + block_tokens >= stop || first == last) return nullptr;
       for (int64_t i = 0; i < rows; ++i) {
-        next_rows[i] = i >= first && i < last
+        const int64_t rank = prefetch_rank<T>(i, rows);
+        next_rows[i] = rank >= first && rank < last
                            ? value_row(block_res, partial_block, t + block_tokens, i, blocks, hidden)
                            : nullptr;
       }

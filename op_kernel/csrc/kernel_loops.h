@@ -79,8 +79,8 @@ inline void store_groups(T* p, const V16* groups) {
 // Both kernels prefetch, in pass 1, the value rows of the token a core takes up a block later,
 // into L2, line by line beside the lines of the same rows they read: the next token's memory reads
 // then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
-// once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves the
-// last third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
+// once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves a
+// third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
 // fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
 
 // body(std::integral_constant<int, size>{}) for 1 <= size <= K.
@@ -353,11 +353,7 @@ template <int kRows, bool kSquares, bool kPrefetch, typename T>
   }
 }
 
-// Rows add_runs reads at once: all of a token's rows up to nine, whose 18 run sums stay in
-// AVX-512's registers (AVX2 spills some, and was faster so too: docs/kernels.md, performance notes).
-constexpr int kRunRows = 9;
-
-// add_runs for all rows of one token over [h0, h1), up to kRunRows at a time.
+// add_runs for all rows of one token over [h0, h1), up to kRunRows (simd_*.h) at a time.
 template <bool kSquares, typename T>
 inline void add_runs_rows(const T* const* rows, int64_t row_num, const T* x, const float* w, int64_t h0, int64_t h1,
                           int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {

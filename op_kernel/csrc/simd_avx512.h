@@ -219,6 +219,10 @@ inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), 
 // The same into L2 only, for lines needed after this pass rather than within it.
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
+// Rows add_runs reads at once (kernel_loops.h): all of a token's rows up to nine, whose 18 run sums stay
+// in AVX-512's 32 registers.
+constexpr int kRunRows = 9;
+
 // Float32 pass 1 walks H in chunks of this many elements across all of a token's rows (kernel_loops.h).
 constexpr int64_t kFloat32RowChunk = 64;
 

@@ -125,6 +125,9 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 // No split bfloat16 lines (simd_avx512.h): this path has no shuffles to save.
 constexpr bool kSplitBf16Lines = false;
 
+// Rows add_runs reads at once (kernel_loops.h): nine, as the SSE2 lanes.
+constexpr int kRunRows = 9;
+
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h; no one times this path).
 constexpr int64_t kFloat32RowChunk = 0;
 

@@ -313,6 +313,10 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 // No split bfloat16 lines (simd_avx512.h): this path's bfloat16 loads are shifts and masks already.
 constexpr bool kSplitBf16Lines = false;
 
+// Rows add_runs reads at once (kernel_loops.h): nine; with fewer, fewer memory streams were in flight and
+// the SSE2 lanes ran twice as slow (docs/kernels.md).
+constexpr int kRunRows = 9;
+
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h).
 constexpr int64_t kFloat32RowChunk = 0;
 
