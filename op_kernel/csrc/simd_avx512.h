@@ -137,14 +137,21 @@ inline __m256i pack_bf16(V16 x) {
   const __m256i lanes = (__m256i)_mm512_cvtneps_pbh(x.v);
   return _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(kBf16LaneWords)), lanes);
 }
-// Forced inline: GCC has left it a call in the backward's pass 2 (a change elsewhere in the translation
-// unit moved its inlining budget), 5% of the bfloat16 backward from cache.
-[[gnu::always_inline]] inline __m512i pack_bf16_pair(V16 a, V16 b) {
-  if ((_mm512_fpclass_ps_mask(a.v, kNanOrSubnormal) | _mm512_fpclass_ps_mask(b.v, kNanOrSubnormal)) != 0) {
-    return pack_bf16_pair_integer(a.v, b.v);
+// Two groups' 32 words by one conversion, first's words then second's, put in memory order by
+// word_order; or, where either holds a NaN or subnormal, integer_pack(). Forced inline: GCC has left
+// pack_bf16_pair a call in the backward's pass 2 (a change elsewhere in the translation unit moved its
+// inlining budget), 5% of the bfloat16 backward from cache.
+template <typename IntegerPack>
+[[gnu::always_inline]] inline __m512i convert_bf16_two(V16 first, V16 second, const uint16_t* word_order,
+                                                       const IntegerPack& integer_pack) {
+  if ((_mm512_fpclass_ps_mask(first.v, kNanOrSubnormal) | _mm512_fpclass_ps_mask(second.v, kNanOrSubnormal)) != 0) {
+    return integer_pack();
   }
-  const __m512i lanes = (__m512i)_mm512_cvtne2ps_pbh(a.v, b.v);
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kBf16PairLaneWords), lanes);
+  const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(second.v, first.v);  // its second operand's words first
+  return _mm512_permutexvar_epi16(_mm512_load_si512(word_order), words);
+}
+[[gnu::always_inline]] inline __m512i pack_bf16_pair(V16 a, V16 b) {
+  return convert_bf16_two(b, a, kBf16PairLaneWords, [&] { return pack_bf16_pair_integer(a.v, b.v); });
 }
 #else
 inline __m256i pack_bf16(V16 x) { return pack_bf16_integer(x.v); }
@@ -194,16 +201,11 @@ inline __m512i pack_bf16_split_integer(__m512 even, __m512 odd) {
   return _mm512_mask_blend_epi16(kOddWords, _mm512_srli_epi32(bf16_rounded_lanes(even), 16), bf16_rounded_lanes(odd));
 }
 #if ATTNRES_AVX512_BF16
-// Converted together (as pack_bf16_pair, the integer rounding for a NaN or subnormal), even's words
-// first; kBf16SplitWords interleaves them.
+// Converted together as pack_bf16_pair, even's words first; kBf16SplitWords interleaves them.
 alignas(64) constexpr uint16_t kBf16SplitWords[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 [[gnu::always_inline]] inline __m512i pack_bf16_split(V16 even, V16 odd) {
-  if ((_mm512_fpclass_ps_mask(even.v, kNanOrSubnormal) | _mm512_fpclass_ps_mask(odd.v, kNanOrSubnormal)) != 0) {
-    return pack_bf16_split_integer(even.v, odd.v);
-  }
-  const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd.v, even.v);
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kBf16SplitWords), words);
+  return convert_bf16_two(even, odd, kBf16SplitWords, [&] { return pack_bf16_split_integer(even.v, odd.v); });
 }
 #else
 inline __m512i pack_bf16_split(V16 even, V16 odd) { return pack_bf16_split_integer(even.v, odd.v); }
