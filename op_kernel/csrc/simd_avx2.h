@@ -152,8 +152,9 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 constexpr bool kSplitBf16Lines = false;
 
 // Rows add_runs reads at once (kernel_loops.h): three, whose six run sums (12 registers) stay in AVX2's
-// 16; nine spilled them. Faster from cache and from memory once the next token's prefetches were spread
-// over the three groups' walks (forward_kernel.h, prefetch_rank; docs/kernels.md, performance notes).
+// 16; nine spilled them. Faster from cache and on one thread from memory (the same within noise on two)
+// once the next token's prefetches were spread over the three groups' walks (forward_kernel.h,
+// prefetch_rank; docs/kernels.md, performance notes).
 constexpr int kRunRows = 3;
 
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h): chunks measured slower here.
