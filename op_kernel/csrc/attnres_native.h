@@ -191,25 +191,28 @@ inline void from_lane_layout(const float* lanes, int64_t hidden, float* out) {
   }
 }
 
-// A float scratch row [floats] placed at `phase_bytes` (a multiple of 64) from `reference`
-// modulo 4 KiB. A load whose address shares its low 12 bits with an earlier store still in
-// flight waits for that store ("4K aliasing"). The backward's pass 2 loads its scratch rows
-// (go, w, the chunk row) at the same h as it stores the gradient rows, so scratch that happens
-// to sit at the gradient rows' page offset would make every such load wait, at a cost that
-// depends only on where malloc put it; fixed, distinct offsets make it never happen.
+// A scratch row [size] of E placed at `phase_bytes` (a multiple of 64) from `reference` modulo
+// 4 KiB, so 64-byte aligned: the vector loads of the loops that read it every group never split a
+// cache line (malloc aligns to 16 bytes: the float32 kernels ran 3-5% slower from cache so, docs/kernels.md).
+// A load whose address shares its low 12 bits with an earlier store still in flight waits for that
+// store ("4K aliasing"). The backward's pass 2 loads its scratch rows (go, w, the chunk row) at the
+// same h as it stores the gradient rows, so scratch that happens to sit at the gradient rows' page
+// offset would make every such load wait, at a cost that depends only on where malloc put it; fixed,
+// distinct offsets make it never happen.
+template <typename E = float>
 class PhasedRow {
  public:
-  PhasedRow(int64_t floats, const void* reference, int64_t phase_bytes) : storage_(floats + kPage / 4) {
+  PhasedRow(int64_t size, const void* reference, int64_t phase_bytes) : storage_(size + kPage / sizeof(E)) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
     const uintptr_t target = (reinterpret_cast<uintptr_t>(reference) / 64 * 64 + phase_bytes) % kPage;
-    data_ = reinterpret_cast<float*>(base + (target + kPage - base % kPage) % kPage);
+    data_ = reinterpret_cast<E*>(base + (target + kPage - base % kPage) % kPage);
   }
-  float* data() { return data_; }
+  E* data() { return data_; }
 
  private:
   static constexpr uintptr_t kPage = 4096;
-  std::vector<float> storage_;
-  float* data_;
+  std::vector<E> storage_;
+  E* data_;
 };
 
 // Streaming stores need 32-byte aligned groups: the base and every row start aligned.

@@ -154,7 +154,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
   const void* grad_rows_start = blocks > 0 ? static_cast<const void*>(grad_blocks) : grad_partial;
   PhasedRow w(hidden_pad, grad_rows_start, 1024);  // [H_pad] score weight, lane layout of T
   score_weight(norm_weight, proj_weight, hidden, w.data());
-  std::vector<double> w_wide(hidden_pad);  // [H_pad] the same, exact in float64: pass 1's sums
+  PhasedRow<double> w_wide(hidden_pad, grad_rows_start, 1536);  // [H_pad] the same, exact in float64: pass 1's sums
   wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
   // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
   const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(w.data(), w_wide.data(), hidden_pad);
@@ -168,7 +168,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
     std::vector<double> g(rows), wv(rows);                      // [N+1] the token's sums, reduced
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
-    std::vector<double> go_wide(hidden_pad);  // [H_pad] grad_hidden_states[t] as float64 for the float64 lanes, ditto
+    PhasedRow<double> go_wide(hidden_pad, grad_rows_start, 2560);  // [H_pad] grad_hidden_states[t] in float64, ditto
     VectorArray<RunSums> runs(rows);          // [N+1] float32 runs in progress (16-bit inputs)
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
     LaneArray g_lanes(rows), wv_lanes(rows);                    // [N+1] lanes of the token in pass 1

@@ -152,18 +152,20 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
   const int64_t block_tokens = args.tokens_per_loop;
   const HiddenTiles tiles = args.tiles;
 
-  std::vector<double> w(padded_hidden(hidden));  // [H_pad] score weight, float64, lane layout of T
+  const int64_t hidden_pad = padded_hidden(hidden);
+  // The weight rows pass 1 loads every group, 64-byte aligned (PhasedRow; pass 2 reads neither).
+  PhasedRow<double> w(hidden_pad, hidden_states, 1024);  // [H_pad] score weight, float64, lane layout of T
   wide_score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                     w.data());
   const bool stream = args.stream_stores && can_stream<T>(hidden_states, hidden);
   // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups), with the score
   // weight in float32 ([H_pad]; float32 inputs never need it).
-  std::vector<float> narrow_w(sizeof(T) == 2 ? w.size() : 0);
+  PhasedRow<float> narrow_w(sizeof(T) == 2 ? hidden_pad : 0, hidden_states, 2048);
   if (sizeof(T) == 2) {
     score_weight(static_cast<const T*>(args.norm_weight), static_cast<const T*>(args.proj_weight), hidden,
                  narrow_w.data());
   }
-  const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(narrow_w.data(), w.data(), w.size());
+  const bool in_runs = sizeof(T) == 2 && score_weight_is_float32(narrow_w.data(), w.data(), hidden_pad);
 
   // One task per core of the tiling; scratch is the task's own.
   const auto core_task = [&](int64_t core) {
