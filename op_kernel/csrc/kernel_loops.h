@@ -80,7 +80,8 @@ inline void store_groups(T* p, const V16* groups) {
 // into L2, line by line beside the lines of the same rows they read: the next token's memory reads
 // then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
 // once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves a
-// third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
+// third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1; and the forward
+// touches each row's first line a block earlier still: prefetch_row_starts.) Each measured
 // fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
 
 // body(std::integral_constant<int, size>{}) for 1 <= size <= K.
