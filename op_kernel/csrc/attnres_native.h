@@ -202,7 +202,9 @@ inline void from_lane_layout(const float* lanes, int64_t hidden, float* out) {
 template <typename E = float>
 class PhasedRow {
  public:
-  PhasedRow(int64_t size, const void* reference, int64_t phase_bytes) : storage_(size + kPage / sizeof(E)) {
+  PhasedRow(int64_t size, const void* reference, int64_t phase_bytes)
+      : storage_(size > 0 ? size + kPage / sizeof(E) : 0) {
+    if (size == 0) return;  // an empty row reserves nothing; data() is null
     const uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
     const uintptr_t target = (reinterpret_cast<uintptr_t>(reference) / 64 * 64 + phase_bytes) % kPage;
     data_ = reinterpret_cast<E*>(base + (target + kPage - base % kPage) % kPage);
@@ -212,7 +214,7 @@ class PhasedRow {
  private:
   static constexpr uintptr_t kPage = 4096;
   std::vector<E> storage_;
-  E* data_;
+  E* data_ = nullptr;
 };
 
 // Streaming stores need 32-byte aligned groups: the base and every row start aligned.
