@@ -205,6 +205,11 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           const T* go_row = grad_hidden + t * hidden;
           if (!in_runs) to_wide_lane_layout(go_row, hidden, go_wide.data());
           const T* const* next = rows_to_prefetch(t);
+          // The rows' first lines two blocks on, and grad_hidden_states' (grad_tile prefetches its other lines).
+          if (t + 2 * block_tokens < core_stop) {
+            prefetch_row_starts(block_res, partial_block, t + 2 * block_tokens, rows, blocks, hidden);
+            prefetch_l2(grad_hidden + (t + 2 * block_tokens) * hidden);
+          }
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             if (in_runs) {
               if constexpr (sizeof(T) == 2) {  // in_runs is never true for float32

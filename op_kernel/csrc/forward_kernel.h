@@ -106,18 +106,6 @@ constexpr int64_t prefetch_rank(int64_t i, int64_t rows) {
   return i % 3 != 2 ? i - i / 3 : rows_prefetched_in_pass1<T>(rows) + i / 3;
 }
 
-// The first line of each row of token t, into L2: issued two blocks before the token is read, one
-// before the line-by-line prefetches of its rows begin. Measured on a Zen 4 host (docs/kernels.md,
-// performance notes): the forward from memory 10-20% faster on one thread, faster on two, though these
-// lines are a sixty-fourth of the bytes; most likely the address translations are what they bring
-// early: a value row is a 4 KiB page of its own at H = 2048 in bfloat16 (two in float32), and a
-// prefetch that must first walk the page tables starts its line late.
-template <typename T>
-inline void prefetch_row_starts(const T* block_res, const T* partial_block, int64_t t, int64_t rows, int64_t blocks,
-                                int64_t hidden) {
-  for (int64_t i = 0; i < rows; ++i) prefetch_l2(value_row(block_res, partial_block, t, i, blocks, hidden));
-}
-
 // The rows whose run sums may have lost bits (kRunMinSum, for the sum of squares; a zero row's are
 // exact): summed again in float64 lanes, their reduced sums replaced.
 template <typename T>

@@ -80,9 +80,22 @@ inline void store_groups(T* p, const V16* groups) {
 // into L2, line by line beside the lines of the same rows they read: the next token's memory reads
 // then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
 // once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves a
-// third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1; and the forward
-// touches each row's first line a block earlier still: prefetch_row_starts.) Each measured
-// fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes).
+// third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
+// fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes). Both also touch
+// each of those rows' first line a block earlier still: prefetch_row_starts.
+
+// The first line of each value row of token t, into L2: issued two blocks before the token is read,
+// one before the line-by-line prefetches of its rows begin. Measured on a Zen 4 host (docs/kernels.md,
+// performance notes): forward and backward from memory faster by up to 10-20% on one thread, and
+// faster on two, though these lines are a sixty-fourth of the bytes. Most likely the address
+// translations are what they bring early: a value row is a 4 KiB page of its own at H = 2048 in
+// bfloat16 (two in float32), and a prefetch that must first walk the page tables starts its line late.
+// No hardware counters on that host to prove it.
+template <typename T>
+inline void prefetch_row_starts(const T* block_res, const T* partial_block, int64_t t, int64_t rows, int64_t blocks,
+                                int64_t hidden) {
+  for (int64_t i = 0; i < rows; ++i) prefetch_l2(value_row(block_res, partial_block, t, i, blocks, hidden));
+}
 
 // body(std::integral_constant<int, size>{}) for 1 <= size <= K.
 template <int K, typename Body>
