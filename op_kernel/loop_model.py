@@ -730,7 +730,9 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
           "that sum as a share of the memory time (over 100%: the arithmetic takes longer than the memory).",
           file=out)
     for path, path_rows in rows_by_path.items():
-        cpus = [c for c in CPUS_FOR_PATH[path] if any(c in r.models for r in path_rows)]
+        # The path's usual columns first, then any other model asked for (--cpus), in the order modelled.
+        modelled = dict.fromkeys(c for r in path_rows for c in r.models)
+        cpus = [c for c in CPUS_FOR_PATH[path] if c in modelled] + [c for c in modelled if c not in CPUS_FOR_PATH[path]]
         print(f"\n### {path}\n", file=out)
         print("| op | dtype | loop | insns | elems/iter | " + " | ".join(cpus) + " |", file=out)
         print("|---|---|---|---|---|" + "---|" * len(cpus), file=out)
@@ -853,10 +855,10 @@ def main(argv: list[str] | None = None) -> int:
                 if (path, cpu) in UNSUPPORTED or cpu == ZEN1_SPLIT:
                     continue
                 r.models[cpu] = run_mca(r.loop, cpu, args.mca)
-            if ZEN1_SPLIT in cpus and "znver1" in r.models:
-                r.models[ZEN1_SPLIT] = zen1_split(r.loop, r.models["znver1"])
                 if args.dump:
                     (work / f"{stem}-{cpu}.txt").write_text(r.models[cpu].report)
+            if ZEN1_SPLIT in cpus and "znver1" in r.models:
+                r.models[ZEN1_SPLIT] = zen1_split(r.loop, r.models["znver1"])
         if not args.reuse and not args.work_dir:
             assembly.unlink()
     if args.list:
