@@ -210,6 +210,7 @@ class PhasedRow {
     data_ = reinterpret_cast<E*>(base + (target + kPage - base % kPage) % kPage);
   }
   E* data() { return data_; }
+  const E* data() const { return data_; }
 
  private:
   static constexpr uintptr_t kPage = 4096;
