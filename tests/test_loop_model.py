@@ -5,7 +5,9 @@ an AVX2 host: nothing runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import io
 import platform
 import shutil
 import sys
@@ -200,3 +202,19 @@ def test_avx2_loop_is_modelled(avx2_rows):
     model = loop_model.run_mca(row.loop, "znver2")
     assert 0 < model.cycles_per_iteration < 1000
     assert model.bound != "?" and model.top_instructions
+
+
+@pytest.mark.slow
+@needs_tools
+def test_tables_show_a_cpu_asked_for_beyond_the_paths_usual_ones(avx2_rows):
+    row = avx2_rows["forward", "bfloat16", "add_runs"]
+    asked = "skylake-avx512"  # an llvm-mca model of the 512-bit paths, not one of avx2's columns
+    assert asked not in loop_model.CPUS_FOR_PATH["avx2"]
+    modelled = dataclasses.replace(row, models={"znver2": loop_model.run_mca(row.loop, "znver2"),
+                                                asked: loop_model.run_mca(row.loop, asked)})
+    out = io.StringIO()
+    loop_model.print_tables({"avx2": [modelled]}, 9, 3.0, 8.0, out=out)
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("| op | dtype | loop"))
+    assert header.rstrip(" |").endswith(f"znver2 | {asked}")
+    cycles = modelled.cycles_per_element(asked, 9)
+    assert f"| {cycles:.2f} |" in out.getvalue()
