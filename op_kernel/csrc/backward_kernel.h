@@ -205,10 +205,10 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           const T* go_row = grad_hidden + t * hidden;
           if (!in_runs) to_wide_lane_layout(go_row, hidden, go_wide.data());
           const T* const* next = rows_to_prefetch(t);
-          // The rows' first lines two blocks on, and grad_hidden_states' (grad_tile prefetches its other lines).
-          if (t + 2 * block_tokens < core_stop) {
-            prefetch_row_starts(block_res, partial_block, t + 2 * block_tokens, rows, blocks, hidden);
-            prefetch_l2(grad_hidden + (t + 2 * block_tokens) * hidden);
+          // The rows' first lines, and grad_hidden_states' (grad_tile prefetches its other lines).
+          if (const int64_t ahead = t + kRowStartBlocksAhead * block_tokens; ahead < core_stop) {
+            prefetch_row_starts(block_res, partial_block, ahead, rows, blocks, hidden);
+            prefetch_l2(grad_hidden + ahead * hidden);
           }
           for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
             if (in_runs) {

@@ -203,8 +203,8 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
           runs[i] = {vzero(), vzero()};
         }
         const T* const* next = rows_to_prefetch(t, 0, pass1_rows);
-        if (t + 2 * block_tokens < stop) {
-          prefetch_row_starts(block_res, partial_block, t + 2 * block_tokens, rows, blocks, hidden);
+        if (const int64_t ahead = t + kRowStartBlocksAhead * block_tokens; ahead < stop) {
+          prefetch_row_starts(block_res, partial_block, ahead, rows, blocks, hidden);
         }
         for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
           if (in_runs) {

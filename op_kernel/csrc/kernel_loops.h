@@ -84,13 +84,17 @@ inline void store_groups(T* p, const V16* groups) {
 // fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes). Both also touch
 // each of those rows' first line a block earlier still: prefetch_row_starts.
 
-// The first line of each value row of token t, into L2: issued two blocks before the token is read,
-// one before the line-by-line prefetches of its rows begin. Measured on a Zen 4 host (docs/kernels.md,
-// performance notes): forward and backward from memory faster by up to 10-20% on one thread, and
-// faster on two, though these lines are a sixty-fourth of the bytes. Most likely the address
-// translations are what they bring early: a value row is a 4 KiB page of its own at H = 2048 in
-// bfloat16 (two in float32), and a prefetch that must first walk the page tables starts its line late.
-// No hardware counters on that host to prove it.
+// How many blocks ahead of the token a core reads the kernels touch each value row's first line:
+// one block before the line-by-line prefetches of those rows begin (three measured no better,
+// docs/kernels.md).
+constexpr int64_t kRowStartBlocksAhead = 2;
+
+// The first line of each value row of token t (kRowStartBlocksAhead blocks on), into L2. Measured on
+// a Zen 4 host (docs/kernels.md, performance notes): forward and backward from memory faster by up to
+// 10-20% on one thread, and faster on two, though these lines are a sixty-fourth of the bytes. Most
+// likely the address translations are what they bring early: a value row is a 4 KiB page of its own
+// at H = 2048 in bfloat16 (two in float32), and a prefetch that must first walk the page tables
+// starts its line late. No hardware counters on that host to prove it.
 template <typename T>
 inline void prefetch_row_starts(const T* block_res, const T* partial_block, int64_t t, int64_t rows, int64_t blocks,
                                 int64_t hidden) {
