@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from attnres_ge.ge_plugin.converters import local_converters
 from attnres_ge.ge_plugin.fx_to_ge import build_node_graph, inline_mutations
@@ -39,21 +39,19 @@ from attnres_ge.op_kernel.launcher import HostRuntime
 DYNAMO_BACKEND_NAME = "attnres_ge"
 
 
-class GeGraphCall(nn.Module):
-    """Runs one compiled GE graph in place of an FX node; returns its NetOutput tensors as the op did:
-    a tuple, or the tensor itself for an op that returns one."""
-
-    def __init__(self, compiled: CompiledGraph, single_output: bool):
-        super().__init__()
-        self.compiled = compiled
-        self.single_output = single_output
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
-        results = self.compiled(*tensors)
-        return results[0] if self.single_output else tuple(results)
-
-    def extra_repr(self) -> str:
-        return f"graph={self.compiled.graph_def.name!r}"
+def ge_graph_call(compiled: CompiledGraph, single_output: bool, name: str):
+    """A function running one compiled GE graph in place of an FX node, named `name` in the GraphModule's
+    code; it returns the NetOutput tensors as the op did: a tuple, or the tensor itself for an op that
+    returns one. A function, not a submodule: nn.Module's call costs 60 us a call once a large kernel has
+    swept the caches (docs/performance.md)."""
+    if single_output:
+        def call(*tensors: torch.Tensor) -> torch.Tensor:
+            return compiled(*tensors)[0]
+    else:
+        def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(compiled(*tensors))
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 class GeBackend:
@@ -100,11 +98,10 @@ class GeBackend:
         graph_def, tensor_args = build_node_graph(node, converter)
         compiled = compile_graph(graph_def, self.runtime, self.dump_path)
         self.graphs.append(graph_def)
-        module_name = f"ge_{node.name}"
         single_output = len(node.target._schema.returns) == 1  # the op returns a Tensor, not a tuple
-        gm.add_submodule(module_name, GeGraphCall(compiled, single_output))
+        run = ge_graph_call(compiled, single_output, f"ge_{node.name}")
         with gm.graph.inserting_before(node):
-            call = gm.graph.call_module(module_name, tuple(tensor_args))
+            call = gm.graph.call_function(run, tuple(tensor_args))
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
