@@ -30,7 +30,7 @@ SOURCES = [
     "op_kernel/csrc/native_module.cpp",
     "op_kernel/csrc/dispatch.cpp",
     "op_kernel/csrc/thread_pool.cpp",
-    "op_kernel/csrc/openmp_release.cpp",
+    "op_kernel/csrc/openmp_team.cpp",
     # The kernels once per instruction set; each file sets its own target (isa_common.h).
     "op_kernel/csrc/isa_scalar.cpp",
     "op_kernel/csrc/isa_avx2.cpp",

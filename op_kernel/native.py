@@ -18,8 +18,9 @@ ATTNRES_GE_STREAM_MIN_BYTES=N changes the threshold; a huge N turns them off.
 The kernels are compiled for several instruction sets and run on the fastest the CPU has
 (`isa_path()`); ATTNRES_GE_ISA=scalar|avx2|avx512|avx512bf16 forces one (an error at import
 when this CPU cannot run it), `use_isa_path(name)` switches in a running process. Every path
-gives the same bits. A call runs on at most torch.get_num_threads() threads; a long one first lets
-torch's idle OpenMP threads go (op_kernel/csrc/openmp_release.h; `openmp_releases()` counts it).
+gives the same bits. A call runs on at most torch.get_num_threads() threads; a long one on torch's
+OpenMP team, whose threads spin after torch's operators (op_kernel/csrc/openmp_team.h;
+`torch_team_calls()` counts it), a short one on the kernels' own pool.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _check_shared_constants() -> None:
     """The constants both languages use must agree: a stale build of _native must not run."""
     lanes, codes = getattr(_native, "LANES", None), getattr(_native, "DTYPE_CODES", None)  # absent: an older build
     native_codes = {getattr(torch, name): code for name, code in (codes or {}).items()}
-    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "openmp_release_min_bytes"):
+    if lanes != LANES or native_codes != DTYPE_CODES or not hasattr(_native, "openmp_team_min_bytes"):
         raise ImportError(f"attnres_ge.op_kernel._native was built from other sources (LANES {lanes}, dtype codes "
                           f"{codes}; this Python has {LANES}, {DTYPE_CODES}); {REBUILD_HINT}")
 
@@ -77,15 +78,15 @@ def last_call_threads() -> int:
     return _native.last_call_threads()
 
 
-def openmp_release_min_bytes(threads: int) -> int:
-    """The bytes a kernel call on `threads` threads must move (read and write) to release torch's idle
-    OpenMP threads first (op_kernel/csrc/openmp_release.h, whose rule this is)."""
-    return _native.openmp_release_min_bytes(threads)
+def openmp_team_min_bytes(threads: int) -> int:
+    """The bytes a kernel call on `threads` threads must move (read and write) to run on torch's OpenMP
+    team rather than the kernels' own pool (op_kernel/csrc/openmp_team.h, whose rule this is)."""
+    return _native.openmp_team_min_bytes(threads)
 
 
-def openmp_releases() -> int:
-    """How often this process's kernel calls asked torch's OpenMP runtime to let its idle threads go."""
-    return _native.openmp_releases()
+def torch_team_calls() -> int:
+    """How many of this process's kernel calls ran on torch's OpenMP team."""
+    return _native.torch_team_calls()
 
 
 def _started_by_fork() -> bool:

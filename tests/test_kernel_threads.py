@@ -191,7 +191,7 @@ def test_one_thread_starts_no_worker():
     assert result.stdout.split() == ["1", "0"]
 
 
-# Releasing torch's idle OpenMP threads before long calls (op_kernel/csrc/openmp_release.h).
+# Long calls on torch's OpenMP team (op_kernel/csrc/openmp_team.h).
 OPENMP_SCRIPT = """
     import os
     import torch
@@ -206,24 +206,27 @@ OPENMP_SCRIPT = """
         values = torch.arange(1 << 20, dtype=torch.float32)
         assert torch.equal(values + values, values * 2)
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     blocks, hidden = 2, 1024
-    tokens = -(-native.openmp_release_min_bytes(2) // ((blocks + 2) * hidden * 4))  # a call just long enough
+    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))  # a call just long enough
     long_inputs = make_inputs(tokens, blocks, hidden, seed=7)
     short_inputs = make_inputs(tokens // 8, blocks, hidden, seed=7)
+    expected = forward_on(long_inputs, 8)  # the caller alone
+    torch.set_num_threads(2)
     forward_on(short_inputs, 2)  # the kernels' own worker exists from here on
     torch_parallel_op()
     with_team = threads()
-    releases = native.openmp_releases()
+    calls = native.torch_team_calls()
     forward_on(short_inputs, 2)
-    print("short:", native.openmp_releases() - releases, threads() - with_team)
-    expected = forward_on(long_inputs, 2)[0]
-    print("long:", native.openmp_releases() - releases, threads() - with_team)
-    torch_parallel_op()  # torch starts its team again
+    print("short:", native.torch_team_calls() - calls, native.last_call_threads(), threads() - with_team)
+    outputs = forward_on(long_inputs, 8)
+    print("long:", native.torch_team_calls() - calls, native.last_call_threads(), threads() - with_team)
+    torch_parallel_op()
     print("torch again:", threads() - with_team)
-    with open("/proc/self/maps") as maps:  # GNU libgomp lets released threads exit; others may keep them asleep
+    with open("/proc/self/maps") as maps:  # torch's wheels link GNU libgomp
         print("gnu openmp:", int("libgomp" in maps.read()))
-    assert torch.equal(forward_on(long_inputs, 2)[0].view(torch.int32), expected.view(torch.int32))
+    for a, b in zip(outputs, expected):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 """
 
 
@@ -235,24 +238,55 @@ def printed_counts(result: subprocess.CompletedProcess) -> dict[str, list[int]]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
-def test_a_long_call_lets_torchs_spinning_openmp_threads_go():
-    """torch's OpenMP worker spins after a parallel torch op; a long call releases it, a short one
-    does not, and torch's next parallel op starts it again."""
+@pytest.mark.parametrize("wait_policy", ["", "PASSIVE"], ids=["default-wait-policy", "passive"])
+def test_a_long_call_runs_on_torchs_openmp_team(wait_policy, monkeypatch):
+    """A long call runs its tasks on the team torch's parallel ops use (whose threads spin after them, or
+    sleep under OMP_WAIT_POLICY=PASSIVE): no thread started or stopped, the bits of one thread; a short
+    call stays on the kernels' own pool."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", wait_policy)  # read by the subprocess's OpenMP runtime
     counts = printed_counts(run_script(OPENMP_SCRIPT))
-    assert counts["short"] == [0, 0]  # no release, torch's worker still there
-    assert counts["long"][0] == 1  # one release
-    if counts["gnu openmp"] == [1]:  # torch's wheels: its one worker (2 threads) is gone, then back
-        assert counts["long"][1] == -1 and counts["torch again"] == [0]
+    assert counts["short"] == [0, 2, 0]  # the pool: the caller and the kernels' worker
+    if counts["gnu openmp"] == [1]:  # torch's wheels
+        assert counts["long"] == [1, 2, 0]  # torch's team of two; its worker neither released nor restarted
+        assert counts["torch again"] == [0]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads threads from /proc (Linux)")
-def test_passive_openmp_threads_are_left_alone(monkeypatch):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # read by the subprocess's OpenMP runtime and kernels
-    counts = printed_counts(run_script(OPENMP_SCRIPT))
-    assert counts["long"] == [0, 0]
+FLUSH_SCRIPT = """
+    import torch
+    from conftest import make_inputs
+    from test_kernel_threads import forward_on
+    from attnres_ge.op_kernel import native
+
+    blocks, hidden = 2, 1024
+    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    if not {long}:
+        tokens //= 8
+    partial, block_res, proj, norm = make_inputs(tokens, blocks, hidden, seed=9)
+    inputs = (partial * 1e-39, block_res * 1e-39, proj, norm)  # float32 subnormals
+    torch.set_num_threads(1)
+    plain = forward_on(inputs, 8)[0]
+    assert torch.set_flush_denormal(True)  # the calling thread's flush-to-zero and denormals-are-zero
+    expected = forward_on(inputs, 8)[0]
+    torch.set_num_threads(2)
+    calls = native.torch_team_calls()
+    outputs = forward_on(inputs, 8)[0]
+    print("team calls:", native.torch_team_calls() - calls)
+    print("flushing changes the bits:", int(not torch.equal(plain.view(torch.int32), expected.view(torch.int32))))
+    print("same bits on two threads:", int(torch.equal(outputs.view(torch.int32), expected.view(torch.int32))))
+"""
 
 
-FORK_AFTER_RELEASE_SCRIPT = """
+@pytest.mark.parametrize("long", [True, False], ids=["long-call-torch-team", "short-call-own-pool"])
+def test_every_thread_runs_with_the_callers_floating_point_environment(long):
+    """Flush-to-zero set on the calling thread holds for every task, on torch's team and on the pool."""
+    counts = printed_counts(run_script(FLUSH_SCRIPT.format(long=long)))
+    assert counts["flushing changes the bits"] == [1]  # the inputs can tell
+    assert counts["same bits on two threads"] == [1]
+    if not long:
+        assert counts["team calls"] == [0]
+
+
+FORK_AFTER_TEAM_SCRIPT = """
     import os
     import torch
     from conftest import make_inputs
@@ -261,17 +295,16 @@ FORK_AFTER_RELEASE_SCRIPT = """
 
     torch.set_num_threads(2)
     blocks, hidden = 2, 1024
-    tokens = -(-native.openmp_release_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
     inputs = make_inputs(tokens, blocks, hidden, seed=8)
     torch.arange(1 << 20, dtype=torch.float32).sum()  # torch's OpenMP team
-    expected = forward_on(inputs, 2)[0]  # releases it
-    torch.arange(1 << 20, dtype=torch.float32).sum()  # starts it again: the child inherits a team
-    releases = native.openmp_releases()
+    expected = forward_on(inputs, 2)[0]  # runs on it: the child inherits a team
+    calls = native.torch_team_calls()
     pid = os.fork()
-    if pid == 0:  # libgomp's team here is the parent's: releasing it would wait forever
+    if pid == 0:  # libgomp's team here is the parent's: a parallel region would wait forever
         # (as would any parallel torch op here, torch.equal's too: the bits are compared in numpy)
         same = forward_on(inputs, 2)[0].numpy().tobytes() == expected.numpy().tobytes()
-        os._exit(0 if same and native.openmp_releases() == releases else 3)
+        os._exit(0 if same and native.torch_team_calls() == calls else 3)
     _, status = os.waitpid(pid, 0)
     print("child exit", os.waitstatus_to_exitcode(status))
 """
@@ -282,7 +315,7 @@ FORKED_WORKER_SCRIPT = """
     import torch
 
     torch.set_num_threads(2)
-    blocks, hidden, tokens = 2, 1024, 16 * 1024  # 2 ** 28 bytes: long for any plausible release size
+    blocks, hidden, tokens = 2, 1024, 16 * 1024  # 2 ** 28 bytes: long for any plausible threshold
     inputs = (torch.randn(tokens, hidden), torch.randn(tokens, blocks, hidden), torch.randn(1, hidden) / 32,
               torch.ones(hidden))
     torch.arange(1 << 20, dtype=torch.float32).sum()  # torch's OpenMP team, before the library is loaded
@@ -291,9 +324,9 @@ FORKED_WORKER_SCRIPT = """
         from test_kernel_threads import forward_on
         from attnres_ge.op_kernel import native
 
-        assert (blocks + 2) * tokens * hidden * 4 >= native.openmp_release_min_bytes(2)
+        assert (blocks + 2) * tokens * hidden * 4 >= native.openmp_team_min_bytes(2)
         forward_on(inputs, 2)
-        results.put(native.openmp_releases())
+        results.put(native.torch_team_calls())
 
     if __name__ == "__main__":
         context = multiprocessing.get_context("fork")
@@ -301,15 +334,15 @@ FORKED_WORKER_SCRIPT = """
         process = context.Process(target=worker, args=(results,))
         process.start()
         process.join()
-        print("child exit", process.exitcode, "releases", results.get() if process.exitcode == 0 else None)
+        print("child exit", process.exitcode, "team calls", results.get() if process.exitcode == 0 else None)
 """
 
 
-@pytest.mark.parametrize("script", [FORK_AFTER_RELEASE_SCRIPT, FORKED_WORKER_SCRIPT],
+@pytest.mark.parametrize("script", [FORK_AFTER_TEAM_SCRIPT, FORKED_WORKER_SCRIPT],
                          ids=["os.fork-after-import", "multiprocessing-fork-before-import"])
 def test_a_forked_child_leaves_its_parents_openmp_team_alone(script):
     result = run_script(script)
     assert result.returncode == 0, result.stderr
     assert "child exit 0" in result.stdout, result.stdout + result.stderr
-    if "releases" in result.stdout:
-        assert result.stdout.split("releases ")[1].split()[0] == "0"
+    if "team calls" in result.stdout:
+        assert result.stdout.split("team calls ")[1].split()[0] == "0"

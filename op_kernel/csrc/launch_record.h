@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "attnres_native.h"
-#include "openmp_release.h"
+#include "openmp_team.h"
 
 namespace attnres {
 
@@ -36,15 +36,15 @@ class LaunchRecord {
 
 // A launch record of kernel arguments `Args`: run() calls the op's `run_kernel(args, inputs,
 // outputs, workspace, max_threads)` (found by argument-dependent lookup), which binds the
-// pointers and calls the kernel, after letting torch's idle OpenMP threads go when the call is
-// long (openmp_release.h): the op's `bytes_moved(args)` says how long.
+// pointers and calls the kernel, on torch's OpenMP team when the call is long (openmp_team.h):
+// the op's `bytes_moved(args)` says how long.
 template <class Args>
 class KernelLaunch final : public LaunchRecord {
  public:
   explicit KernelLaunch(const Args& args) : args_(args) {}
   std::unique_ptr<LaunchRecord> clone() const override { return std::make_unique<KernelLaunch>(args_); }
   void run(const void* const* inputs, void* const* outputs, void* workspace, int max_threads) const override {
-    release_openmp_threads_before(bytes_moved(args_), max_threads);
+    const TorchTeamScope team(bytes_moved(args_), max_threads);
     run_kernel(args_, inputs, outputs, workspace, max_threads);
   }
 

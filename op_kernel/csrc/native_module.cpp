@@ -12,9 +12,9 @@
 //   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
 //   known_isa_paths, select_isa_path
 //   last_call_threads                 threads the calling thread's latest kernel call used
-//   openmp_releases,                  how often long calls let torch's idle OpenMP threads go,
-//   openmp_release_min_bytes,         the size that makes a call long, and the switch that
-//   openmp_team_may_be_inherited      turns the release off in a forked child (openmp_release.h)
+//   torch_team_calls,                 how many kernel calls ran on torch's OpenMP team,
+//   openmp_team_min_bytes,            the size that makes a call long enough to, and the switch
+//   openmp_team_may_be_inherited      that keeps a forked child off it (openmp_team.h)
 //
 // The kernels walk the record, so they stay inside buffers of the record's sizes;
 // that the pointers are such buffers is the caller's to guarantee: the Python
@@ -32,7 +32,7 @@
 
 #include "dispatch.h"
 #include "native_ops.h"
-#include "openmp_release.h"
+#include "openmp_team.h"
 #include "thread_pool.h"
 
 namespace {
@@ -173,15 +173,15 @@ PyObject* select_isa_path(PyObject*, PyObject* arg) {
 }
 
 PyObject* last_call_threads(PyObject*, PyObject*) { return PyLong_FromLong(attnres::last_call_threads()); }
-PyObject* openmp_releases(PyObject*, PyObject*) { return PyLong_FromLongLong(attnres::openmp_releases()); }
-PyObject* openmp_release_min_bytes(PyObject*, PyObject* arg) {
+PyObject* torch_team_calls(PyObject*, PyObject*) { return PyLong_FromLongLong(attnres::torch_team_calls()); }
+PyObject* openmp_team_min_bytes(PyObject*, PyObject* arg) {
   const long threads = PyLong_AsLong(arg);
   if (threads == -1 && PyErr_Occurred()) return nullptr;
   if (threads < 1 || threads > 1 << 20) {
-    PyErr_Format(PyExc_ValueError, "openmp_release_min_bytes: threads must be in [1, 2^20], got %ld", threads);
+    PyErr_Format(PyExc_ValueError, "openmp_team_min_bytes: threads must be in [1, 2^20], got %ld", threads);
     return nullptr;
   }
-  return PyLong_FromLongLong(attnres::openmp_release_min_bytes(static_cast<int>(threads)));
+  return PyLong_FromLongLong(attnres::openmp_team_min_bytes(static_cast<int>(threads)));
 }
 PyObject* openmp_team_may_be_inherited(PyObject*, PyObject*) {
   attnres::openmp_team_may_be_inherited();
@@ -197,11 +197,11 @@ PyMethodDef kMethods[] = {
     {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},
     {"select_isa_path", select_isa_path, METH_O, "run the kernels on the named path"},
     {"last_call_threads", last_call_threads, METH_NOARGS, "threads the calling thread's latest kernel call used"},
-    {"openmp_releases", openmp_releases, METH_NOARGS, "how often long calls let torch's idle OpenMP threads go"},
-    {"openmp_release_min_bytes", openmp_release_min_bytes, METH_O,
-     "the bytes a call on this many threads must move to release torch's idle OpenMP threads"},
+    {"torch_team_calls", torch_team_calls, METH_NOARGS, "how many kernel calls ran on torch's OpenMP team"},
+    {"openmp_team_min_bytes", openmp_team_min_bytes, METH_O,
+     "the bytes a call on this many threads must move to run on torch's OpenMP team"},
     {"openmp_team_may_be_inherited", openmp_team_may_be_inherited, METH_NOARGS,
-     "never release torch's OpenMP threads in this process (a forked child's team is its parent's)"},
+     "never run on torch's OpenMP team in this process (a forked child's team is its parent's)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

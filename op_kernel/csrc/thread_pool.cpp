@@ -2,6 +2,8 @@
 
 #include "thread_pool.h"
 
+#include "openmp_team.h"
+
 #include <pthread.h>
 
 #include <cfenv>
@@ -134,6 +136,11 @@ Pool& pool() {
 void run_tasks(int64_t tasks, int max_threads, TaskFunction task, void* context) {
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tasks, max_threads)));
   if (threads > 1) {
+    int team_threads = 0;
+    if (run_on_torch_team(tasks, threads, task, context, &team_threads)) {
+      g_last_call_threads = team_threads;
+      return;
+    }
     const int used = pool().try_run(tasks, threads - 1, task, context);
     if (used > 0) {
       g_last_call_threads = used;
