@@ -22,7 +22,7 @@ thread_local bool g_long_call = false;
 [[maybe_unused]] const int g_fork_watch = pthread_atfork(nullptr, nullptr, [] { g_team_may_be_inherited.store(true); });
 
 // GOMP_parallel of the OpenMP runtime torch's CPU library was linked with (GNU libgomp in torch's
-// wheels; LLVM's and Intel's runtimes export it too), or null.
+// Linux wheels), or null: torch built without OpenMP, or a runtime without GNU's entry points.
 GompParallel torch_gomp_parallel() {
   static const GompParallel parallel = [] {
     void* torch = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
