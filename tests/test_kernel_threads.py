@@ -251,6 +251,38 @@ def test_a_long_call_runs_on_torchs_openmp_team(wait_policy, monkeypatch):
         assert counts["torch again"] == [0]
 
 
+def test_long_and_short_calls_from_several_threads_at_once_give_their_bits(restore_threads):
+    """Python threads calling at once: long calls each on a team of their own, short ones on the pool or
+    alone; every result has the bits of its one-thread run."""
+    import threading
+
+    blocks, hidden = 2, 1024
+    long_tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    cases = [make_inputs(tokens, blocks, hidden, seed=10 + tokens) for tokens in (long_tokens, long_tokens + 8, 24)]
+    torch.set_num_threads(1)
+    expected = [forward_on(inputs, 4)[0] for inputs in cases]
+    torch.set_num_threads(2)
+    calls_before = native.torch_team_calls()
+    start = threading.Barrier(len(cases))
+    mismatches = []
+
+    def caller(index):
+        start.wait()
+        for _ in range(4):
+            if not torch.equal(forward_on(cases[index], 4)[0].view(torch.int32), expected[index].view(torch.int32)):
+                mismatches.append(index)
+
+    threads = [threading.Thread(target=caller, args=(index,)) for index in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    assert mismatches == []
+    if native.torch_team_calls() > calls_before:  # torch's library has GNU OpenMP's entry (its wheels do)
+        assert native.torch_team_calls() - calls_before == 8  # the long calls, not the short ones
+
+
 FLUSH_SCRIPT = """
     import torch
     from conftest import make_inputs
