@@ -305,9 +305,12 @@ FLUSH_SCRIPT = """
     print("team calls:", native.torch_team_calls() - calls)
     print("flushing changes the bits:", int(not torch.equal(plain.view(torch.int32), expected.view(torch.int32))))
     print("same bits on two threads:", int(torch.equal(outputs.view(torch.int32), expected.view(torch.int32))))
+    with open("/proc/self/maps") as maps:  # torch's wheels link GNU libgomp
+        print("gnu openmp:", int("libgomp" in maps.read()))
 """
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the loaded libraries from /proc (Linux)")
 @pytest.mark.parametrize("long", [True, False], ids=["long-call-torch-team", "short-call-own-pool"])
 def test_every_thread_runs_with_the_callers_floating_point_environment(long):
     """Flush-to-zero set on the calling thread holds for every task, on torch's team and on the pool."""
@@ -316,6 +319,8 @@ def test_every_thread_runs_with_the_callers_floating_point_environment(long):
     assert counts["same bits on two threads"] == [1]
     if not long:
         assert counts["team calls"] == [0]
+    elif counts["gnu openmp"] == [1]:
+        assert counts["team calls"] == [1]
 
 
 FORK_AFTER_TEAM_SCRIPT = """
