@@ -52,7 +52,7 @@ void run_team_share(void* data) {
   std::fenv_t own;
   std::fegetenv(&own);
   std::fesetenv(&call.caller_fenv);
-  for (int64_t i = call.next.fetch_add(1); i < call.tasks; i = call.next.fetch_add(1)) call.task(call.context, i);
+  run_dealt_tasks(call.next, call.tasks, call.task, call.context);
   std::fesetenv(&own);
 }
 
@@ -65,7 +65,7 @@ TorchTeamScope::TorchTeamScope(int64_t bytes, int threads) : previous_(g_long_ca
 TorchTeamScope::~TorchTeamScope() { g_long_call = previous_; }
 
 bool run_on_torch_team(int64_t tasks, int threads, TaskFunction task, void* context, int* used) {
-  if (!g_long_call || threads < 2 || g_team_may_be_inherited.load()) return false;
+  if (!g_long_call || g_team_may_be_inherited.load()) return false;
   const GompParallel parallel = torch_gomp_parallel();
   if (parallel == nullptr) return false;
   TeamCall call{task, context, tasks, {}};

@@ -50,8 +50,8 @@ class TorchTeamScope {
   bool previous_;
 };
 
-// Runs task(context, i) for every i in [0, tasks) on torch's team of at most `threads` threads, the
-// caller among them, when the calling thread is inside a long call's TorchTeamScope and the rules
+// Runs task(context, i) for every i in [0, tasks) on torch's team of at most `threads` (>= 2) threads,
+// the caller among them, when the calling thread is inside a long call's TorchTeamScope and the rules
 // above allow it; sets *used to the team's size then. False (nothing run) otherwise.
 bool run_on_torch_team(int64_t tasks, int threads, TaskFunction task, void* context, int* used);
 

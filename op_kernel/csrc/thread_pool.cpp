@@ -55,7 +55,7 @@ class Pool {
       ++generation_;
     }
     wake_.notify_all();
-    run_share();
+    run_dealt_tasks(next_, tasks_, task_, context_);
     std::unique_lock<std::mutex> lock(mutex_);
     open_ = false;  // every task is taken: a worker waking from now on has nothing to join
     if (joined_.load(std::memory_order_acquire) != 0) {
@@ -76,10 +76,6 @@ class Pool {
   // How long the caller waits awake for joined workers before it sleeps: about what waking it would cost.
   static constexpr std::chrono::microseconds kAwakeWait{100};
 
-  void run_share() {
-    for (int64_t i = next_.fetch_add(1); i < tasks_; i = next_.fetch_add(1)) task_(context_, i);
-  }
-
   void work(int index) {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);
@@ -93,7 +89,7 @@ class Pool {
       // must not depend on the thread that runs it.
       std::fesetenv(&caller_fenv_);
       lock.unlock();
-      run_share();
+      run_dealt_tasks(next_, tasks_, task_, context_);
       lock.lock();
       // Release: the caller that reads 0 (acquire) sees every output this worker wrote.
       if (joined_.fetch_sub(1, std::memory_order_release) == 1) done_.notify_one();

@@ -12,11 +12,18 @@
 
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace attnres {
 
 using TaskFunction = void (*)(void* context, int64_t task);
+
+// What every thread of a call runs, on the pool or on torch's team (openmp_team.h): task(context, i)
+// for each i below `tasks` that `next`, the call's counter shared by its threads, deals it.
+inline void run_dealt_tasks(std::atomic<int64_t>& next, int64_t tasks, TaskFunction task, void* context) {
+  for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) task(context, i);
+}
 
 // Runs task(context, i) for every i in [0, tasks) on at most max_threads threads, the
 // caller among them, and returns when all are done: on torch's OpenMP team inside a long
