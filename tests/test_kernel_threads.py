@@ -29,6 +29,11 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+def long_call_tokens(blocks, hidden):
+    """The fewest float32 tokens that make a forward call long enough for torch's OpenMP team on two threads."""
+    return -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+
+
 def forward_on(inputs, cores):
     """The native forward with a tiling planned for `cores` cores (tasks), whatever the host has."""
     partial, blocks, _, _ = inputs
@@ -196,7 +201,7 @@ OPENMP_SCRIPT = """
     import os
     import torch
     from conftest import make_inputs
-    from test_kernel_threads import forward_on
+    from test_kernel_threads import forward_on, long_call_tokens
     from attnres_ge.op_kernel import native
 
     def threads():
@@ -208,7 +213,7 @@ OPENMP_SCRIPT = """
 
     torch.set_num_threads(1)
     blocks, hidden = 2, 1024
-    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))  # a call just long enough
+    tokens = long_call_tokens(blocks, hidden)  # a call just long enough
     long_inputs = make_inputs(tokens, blocks, hidden, seed=7)
     short_inputs = make_inputs(tokens // 8, blocks, hidden, seed=7)
     expected = forward_on(long_inputs, 8)  # the caller alone
@@ -257,7 +262,7 @@ def test_long_and_short_calls_from_several_threads_at_once_give_their_bits(resto
     import threading
 
     blocks, hidden = 2, 1024
-    long_tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    long_tokens = long_call_tokens(blocks, hidden)
     cases = [make_inputs(tokens, blocks, hidden, seed=10 + tokens) for tokens in (long_tokens, long_tokens + 8, 24)]
     torch.set_num_threads(1)
     expected = [forward_on(inputs, 4)[0] for inputs in cases]
@@ -286,11 +291,11 @@ def test_long_and_short_calls_from_several_threads_at_once_give_their_bits(resto
 FLUSH_SCRIPT = """
     import torch
     from conftest import make_inputs
-    from test_kernel_threads import forward_on
+    from test_kernel_threads import forward_on, long_call_tokens
     from attnres_ge.op_kernel import native
 
     blocks, hidden = 2, 1024
-    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    tokens = long_call_tokens(blocks, hidden)
     if not {long}:
         tokens //= 8
     partial, block_res, proj, norm = make_inputs(tokens, blocks, hidden, seed=9)
@@ -327,12 +332,12 @@ FORK_AFTER_TEAM_SCRIPT = """
     import os
     import torch
     from conftest import make_inputs
-    from test_kernel_threads import forward_on
+    from test_kernel_threads import forward_on, long_call_tokens
     from attnres_ge.op_kernel import native
 
     torch.set_num_threads(2)
     blocks, hidden = 2, 1024
-    tokens = -(-native.openmp_team_min_bytes(2) // ((blocks + 2) * hidden * 4))
+    tokens = long_call_tokens(blocks, hidden)
     inputs = make_inputs(tokens, blocks, hidden, seed=8)
     torch.arange(1 << 20, dtype=torch.float32).sum()  # torch's OpenMP team
     expected = forward_on(inputs, 2)[0]  # runs on it: the child inherits a team
