@@ -59,8 +59,10 @@ def assert_paths_agree(inputs, grad_hidden, cores, ub_size, same=assert_bitwise_
 # (T, N, H, cores, buffer bytes): H off the 16-lane grid, H = 1, split-H tiles (small buffers),
 # several cores and partial chunks.
 # N+1 from 2 to 17 rows: the kernels read rows in groups whose sizes depend on N (kernel_loops.h).
+# The backward's bfloat16 tiles: of whole 64-byte lines (250 in 96 + 96 + 58: its split lines,
+# backward_kernel.h), of half lines (1000, 300, 200) and one tile (37, 64).
 SHAPES = [(7, 3, 37, 2, 1 << 20), (33, 5, 1000, 3, 4096), (130, 8, 64, 4, 8192), (5, 2, 1, 2, 1 << 20),
-          (66, 1, 17, 5, 4096), (40, 4, 300, 3, 8192), (12, 16, 200, 3, 4096)]
+          (66, 1, 17, 5, 4096), (40, 4, 300, 3, 8192), (12, 16, 200, 3, 4096), (20, 4, 250, 3, 6144)]
 
 
 @pytest.mark.parametrize("dtype_id", DTYPES)

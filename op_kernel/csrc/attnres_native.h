@@ -40,7 +40,9 @@
 // converted grad_hidden_states row, a chunk's weight-gradient row; the float64 rows
 // of pass 1 likewise) is zero padded
 // to a multiple of 16 and kept in the lane layout of the input dtype (see
-// lane_element), so it is read with the same full-group loads as the inputs.
+// lane_element), so it is read with the same full-group loads as the inputs (the
+// backward's pass 2 may keep its rows in a layout of split lines instead: kSplitLines in
+// backward_kernel.h).
 
 #pragma once
 

@@ -11,12 +11,96 @@
 //   pass 2, token by token, over the hidden tiles, rows still in cache:
 //           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
 //           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
+//           (bfloat16 on the 512-bit paths: value rows read a line at a time, split; kSplitLines)
 // The chunk row is the chunk's float32 workspace row [H]. Once every task is
 // done the chunk rows are summed in chunk order, so the weight gradients have
 // the same bits for any core split; per element the input gradients are a fixed
 // sequence of operations, so they do too.
 
 namespace {
+
+// Pass 2 of bfloat16 on the paths with kSplitBf16Lines (simd_*.h) reads each value row a 64-byte line
+// at a time, split into its even and odd elements by one shift and one mask, where two vloads take two
+// broadcast loads and two byte shuffles (as the forward's pass 2; docs/kernels.md, performance notes).
+// Its float rows (go, w, the chunk row) then hold each line of 32 elements as the line's 16 even
+// elements and then its 16 odd ones (the split line layout), and the last H % 32 elements in the lane
+// layout of T. Every element sees the same operations either way: the same bits. A line must not
+// straddle two tiles, so a call uses the layout only when every tile starts on a line.
+template <typename T>
+constexpr bool kSplitLines = std::is_same<T, BF16>::value && kSplitBf16Lines;
+
+// Where a row's whole lines end in the split line layout.
+inline int64_t split_lines_end(int64_t hidden) { return hidden / (2 * kLanes) * (2 * kLanes); }
+
+// A row of T as float32 in the split line layout, zero padded: [H_pad]
+template <typename T>
+inline void to_split_line_layout(const T* row, int64_t hidden, float* out) {
+  const int64_t lines_end = split_lines_end(hidden);
+  for (int64_t h = 0; h < lines_end; h += 2 * kLanes) {
+    V16 even, odd;
+    vload_split(row + h, even, odd);
+    vstore(out + h, even);
+    vstore(out + h + kLanes, odd);
+  }
+  to_lane_layout(row + lines_end, hidden - lines_end, out + lines_end);
+}
+
+// score_weight in the split line layout: the same products, elsewhere in the row.
+template <typename T>
+inline void split_line_score_weight(const T* norm_weight, const T* proj_weight, int64_t hidden, float* w) {
+  const int64_t lines_end = split_lines_end(hidden);
+  for (int64_t h = 0; h < lines_end; h += 2 * kLanes) {
+    V16 norm_even, norm_odd, proj_even, proj_odd;
+    vload_split(norm_weight + h, norm_even, norm_odd);
+    vload_split(proj_weight + h, proj_even, proj_odd);
+    vstore(w + h, vmul(norm_even, proj_even));
+    vstore(w + h + kLanes, vmul(norm_odd, proj_odd));
+  }
+  score_weight(norm_weight + lines_end, proj_weight + lines_end, hidden - lines_end, w + lines_end);
+}
+
+// A row of T as float32 in pass 2's layout: split lines or the lane layout of T, zero padded: [H_pad]
+template <typename T>
+inline void to_pass2_layout(bool split_lines, const T* row, int64_t hidden, float* out) {
+  if constexpr (kSplitLines<T>) {
+    if (split_lines) return to_split_line_layout(row, hidden, out);
+  }
+  to_lane_layout(row, hidden, out);
+}
+
+// A float row [H] in natural order from one in the split line layout of T ([H_pad]).
+template <typename T>
+inline void from_split_line_layout(const float* lines, int64_t hidden, float* out) {
+  const int64_t lines_end = split_lines_end(hidden);
+  for (int64_t h = 0; h < lines_end; h += 2 * kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      out[h + 2 * l] = lines[h + l];
+      out[h + 2 * l + 1] = lines[h + kLanes + l];
+    }
+  }
+  from_lane_layout<T>(lines + lines_end, hidden - lines_end, out + lines_end);
+}
+
+// One line of a value row as the groups pass 2 computes on (kSplit: split, else in the lane layout
+// of T), and a line of gradients back into memory order.
+template <bool kSplit, int kGroups, typename T>
+inline void load_value_line(const T* p, V16* groups) {
+  if constexpr (kSplit) {
+    vload_split(p, groups[0], groups[1]);
+  } else {
+    for (int g = 0; g < kGroups; ++g) groups[g] = vload(p + g * kLanes);
+  }
+}
+template <bool kStream, bool kSplit, typename T>
+inline void store_gradient_line(T* p, const V16* groups) {
+  if constexpr (!kSplit) {
+    store_line<kStream>(p, groups);
+  } else if (kStream) {
+    vstream_split(p, groups[0], groups[1]);
+  } else {
+    vstore_split(p, groups[0], groups[1]);
+  }
+}
 
 // Per-token row coefficients, [N+1] each.
 struct RowCoefficients {
@@ -28,15 +112,18 @@ struct RowCoefficients {
 // K rows i = r0 .. r0+K-1 of one token over hidden [h0, h1):
 //   gv_i[h] = go[h] p_i + a_i w[h] - c_i v_i[h]     (written to the gradient rows)
 //   chunk_row[h] += a_i v_i[h]                       (rows in order)
-// go, w and chunk_row are float buffers in the lane layout of T, zero padded.
+// go, w and chunk_row are float buffers in the lane layout of T, or with kSplit in the split line
+// layout (h0 then on a line), zero padded.
 // The caller walks rows in order, so every chunk_row element adds tokens then rows
 // in order whatever the tiling or K. A few rows at a time keep the chunk row's
 // loads and stores few, and the write streams few (streaming stores lose their
 // benefit when one thread interleaves many write streams).
-template <int K, bool kStream, typename T>
-inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
-                      const RowCoefficients& k, int64_t r0, const float* go, const float* w, float* chunk_row,
-                      int64_t h0, int64_t h1) {
+// Forced inline: with the split lines' instances GCC made the single-row ones calls, and the bfloat16
+// backward ran 1.17 times as slow from memory (Zen 4, avx512bf16).
+template <int K, bool kStream, bool kSplit, typename T>
+[[gnu::always_inline]] inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
+                                             const RowCoefficients& k, int64_t r0, const float* go, const float* w,
+                                             float* chunk_row, int64_t h0, int64_t h1) {
   // Groups per step: a whole 64-byte line of each gradient row before moving to the
   // next row, so that streaming stores always fill complete lines.
   constexpr int kGroups = sizeof(T) == 2 ? 2 : 1;
@@ -57,13 +144,13 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
     // One 64-byte line of each row per step (fp32: 1 group, 16-bit: 2).
     if (r0 == 0 && next_go != nullptr) prefetch(next_go + h);
     for (int j = 0; j < K; ++j) {
-      V16 grad[kGroups];
+      V16 value[kGroups], grad[kGroups];
+      load_value_line<kSplit, kGroups>(v[r0 + j] + h, value);
       for (int g = 0; g < kGroups; ++g) {
-        const V16 value = vload(v[r0 + j] + h + g * kLanes);
-        grad[g] = vfma(neg_c[j], value, vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
-        acc[g] = vfma(a_v[j], value, acc[g]);
+        grad[g] = vfma(neg_c[j], value[g], vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
+        acc[g] = vfma(a_v[j], value[g], acc[g]);
       }
-      store_line<kStream>(gv[r0 + j] + h, grad);
+      store_gradient_line<kStream, kSplit>(gv[r0 + j] + h, grad);
     }
     for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
   }
@@ -87,16 +174,34 @@ inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
 
 // next_go (or null): grad_hidden_states of the token this core takes up a block later; its
 // lines are prefetched (its value rows are, in pass 1).
-template <bool kStream, typename T>
+template <bool kStream, bool kSplit, typename T>
 inline void grad_tile(const T* const* rows, T* const* grads, const T* next_go,
                       int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
   constexpr int kRows = 2;  // rows per grad_rows call (docs/kernels.md, performance notes)
   int64_t i = 0;
   for (; i + kRows <= row_num; i += kRows) {
-    grad_rows<kRows, kStream>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+    grad_rows<kRows, kStream, kSplit>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
   }
-  for (; i < row_num; ++i) grad_rows<1, kStream>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+  for (; i < row_num; ++i) grad_rows<1, kStream, kSplit>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+}
+
+// Pass 2 of one token over every hidden tile; split_lines: its float rows in the split line layout.
+template <bool kStream, typename T>
+inline void grad_tiles(bool split_lines, const HiddenTiles& tiles, const T* const* rows, T* const* grads,
+                       const T* next_go, int64_t row_num, const RowCoefficients& k, const float* go, const float* w,
+                       float* chunk_row) {
+  for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+    if constexpr (kSplitLines<T>) {
+      if (split_lines) {
+        grad_tile<kStream, true>(rows, grads, next_go, row_num, k, go, w, chunk_row, tiles.begin(tile),
+                                 tiles.end(tile));
+        continue;
+      }
+    }
+    grad_tile<kStream, false>(rows, grads, next_go, row_num, k, go, w, chunk_row, tiles.begin(tile),
+                              tiles.end(tile));
+  }
 }
 
 // a and c of one token's rows from its sums g = sum go v and wv = sum w v (scalar code, the same
@@ -154,6 +259,14 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
   const void* grad_rows_start = blocks > 0 ? static_cast<const void*>(grad_blocks) : grad_partial;
   PhasedRow w(hidden_pad, grad_rows_start, 1024);  // [H_pad] score weight, lane layout of T
   score_weight(norm_weight, proj_weight, hidden, w.data());
+  // Pass 2's float rows in the split line layout (kSplitLines) when every tile starts on a line; its
+  // score weight is then a row of its own.
+  const bool split_lines = kSplitLines<T> && (tiles.h_tile_num == 1 || tiles.h_tile % (2 * kLanes) == 0);
+  PhasedRow split_w(split_lines ? hidden_pad : 0, grad_rows_start, 3584);  // [H_pad]
+  if constexpr (kSplitLines<T>) {
+    if (split_lines) split_line_score_weight(norm_weight, proj_weight, hidden, split_w.data());
+  }
+  const float* pass2_w = split_lines ? split_w.data() : w.data();
   PhasedRow<double> w_wide(hidden_pad, grad_rows_start, 1536);  // [H_pad] the same, exact in float64: pass 1's sums
   wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
   // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
@@ -167,7 +280,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
     std::vector<double> g(rows), wv(rows);                      // [N+1] the token's sums, reduced
-    PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, lane layout of T
+    PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, pass 2's layout
     PhasedRow<double> go_wide(hidden_pad, grad_rows_start, 2560);  // [H_pad] grad_hidden_states[t] in float64, ditto
     VectorArray<RunSums> runs(rows);          // [N+1] float32 runs in progress (16-bit inputs)
     PhasedRow chunk_sum(hidden_pad, grad_rows_start, 3072);  // [H_pad] the chunk's weight-gradient row, ditto
@@ -243,21 +356,23 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
                                   coefficients.data() + (2 * block_tokens + b) * rows};
           const T* const* token_rows = row_ptrs.data() + b * rows;
           T* const* token_grads = grad_ptrs.data() + b * rows;
-          to_lane_layout(grad_hidden + t * hidden, hidden, go.data());
+          to_pass2_layout(split_lines, grad_hidden + t * hidden, hidden, go.data());
           const T* next_go = t + block_tokens < core_stop ? grad_hidden + (t + block_tokens) * hidden : nullptr;
-          for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
-            if (stream) {
-              grad_tile<true>(token_rows, token_grads, next_go, rows, k, go.data(), w.data(),
-                              chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
-            } else {
-              grad_tile<false>(token_rows, token_grads, next_go, rows, k, go.data(), w.data(),
-                               chunk_sum.data(), tiles.begin(tile), tiles.end(tile));
-            }
+          if (stream) {
+            grad_tiles<true>(split_lines, tiles, token_rows, token_grads, next_go, rows, k, go.data(), pass2_w,
+                             chunk_sum.data());
+          } else {
+            grad_tiles<false>(split_lines, tiles, token_rows, token_grads, next_go, rows, k, go.data(), pass2_w,
+                              chunk_sum.data());
           }
         }
       }
       // The chunk's row, in natural order, into its workspace row [H].
-      from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
+      if (split_lines) {
+        from_split_line_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
+      } else {
+        from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
+      }
     }
     if (stream) stream_fence();  // this task's streaming stores are visible when the tasks are done
   };
