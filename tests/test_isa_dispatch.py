@@ -59,8 +59,8 @@ def assert_paths_agree(inputs, grad_hidden, cores, ub_size, same=assert_bitwise_
 # (T, N, H, cores, buffer bytes): H off the 16-lane grid, H = 1, split-H tiles (small buffers),
 # several cores and partial chunks.
 # N+1 from 2 to 17 rows: the kernels read rows in groups whose sizes depend on N (kernel_loops.h).
-# The backward's bfloat16 tiles: of whole 64-byte lines (250 in 96 + 96 + 58: its split lines,
-# backward_kernel.h), of half lines (1000, 300, 200) and one tile (37, 64).
+# The backward's bfloat16 hidden tiles: whole 64-byte lines (250 in 96 + 96 + 58: its split lines,
+# backward_kernel.h), other sizes (1000, 300, 200) and one tile (37, 64).
 SHAPES = [(7, 3, 37, 2, 1 << 20), (33, 5, 1000, 3, 4096), (130, 8, 64, 4, 8192), (5, 2, 1, 2, 1 << 20),
           (66, 1, 17, 5, 4096), (40, 4, 300, 3, 8192), (12, 16, 200, 3, 4096), (20, 4, 250, 3, 6144)]
 
@@ -73,6 +73,19 @@ def test_every_path_gives_the_same_bits(shape, dtype_id, restore_isa_path):
     inputs = make_inputs(tokens, blocks, hidden, dtype, seed=tokens + hidden)
     grad_hidden = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
     assert_paths_agree(inputs, grad_hidden, cores, ub_size)
+
+
+def test_the_shapes_hold_backward_tiles_of_whole_lines_and_of_other_sizes():
+    """The 512-bit bfloat16 backward keeps pass 2's rows in split lines only when every hidden tile is of
+    whole 64-byte lines (32 elements): the shapes above must hold several such tiles, and tiles of other
+    sizes, or the bit comparison would not cover both layouts."""
+    kinds = set()
+    for tokens, blocks, hidden, cores, ub_size in SHAPES:
+        platform = PlatformInfo(PlatformProfile("test", cores, ub_size))
+        data = grad_tiling.tiling(grad_tiling.parse(platform), tokens, blocks, hidden, torch.bfloat16, platform).data
+        if data.h_tile_num > 1:
+            kinds.add("whole lines" if data.h_tile % 32 == 0 else "other sizes")
+    assert kinds == {"whole lines", "other sizes"}
 
 
 @pytest.mark.parametrize("dtype_id", DTYPES)
