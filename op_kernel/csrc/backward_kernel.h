@@ -81,6 +81,13 @@ inline void from_split_line_layout(const float* lines, int64_t hidden, float* ou
   from_lane_layout<T>(lines + lines_end, hidden - lines_end, out + lines_end);
 }
 
+// A float row [H] in natural order from one in pass 2's layout (to_pass2_layout's inverse).
+template <typename T>
+inline void from_pass2_layout(bool split_lines, const float* row, int64_t hidden, float* out) {
+  if (split_lines) return from_split_line_layout<T>(row, hidden, out);
+  from_lane_layout<T>(row, hidden, out);
+}
+
 // One line of a value row as the groups pass 2 computes on (kSplit: split, else in the lane layout
 // of T), and a line of gradients back into memory order.
 template <bool kSplit, int kGroups, typename T>
@@ -368,11 +375,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
         }
       }
       // The chunk's row, in natural order, into its workspace row [H].
-      if (split_lines) {
-        from_split_line_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
-      } else {
-        from_lane_layout<T>(chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
-      }
+      from_pass2_layout<T>(split_lines, chunk_sum.data(), hidden, args.chunk_rows + chunk * hidden);
     }
     if (stream) stream_fence();  // this task's streaming stores are visible when the tasks are done
   };
