@@ -414,6 +414,25 @@ def kernel_constant(name: str, path: str | None = None) -> int:
     return int(match.group(1))
 
 
+def kernel_flag(name: str, path: str) -> bool:
+    """A constexpr bool of a path's simd_*.h (kSplitBf16Lines, kBf16NumberStores), as the modelled sources set it."""
+    match = re.search(rf"constexpr bool {name} = (true|false);", (CSRC / PATH_HEADERS[path]).read_text())
+    if match is None:
+        raise RuntimeError(f"{name} not found in {PATH_HEADERS[path]}")
+    return match.group(1) == "true"
+
+
+def is_bf16_pass2_as_run(loop: Loop, path: str) -> bool:
+    """Whether a bfloat16 grad_rows instance is the one finite inputs run at the benchmark's shape on path: split
+    lines where the path has them (kSplitBf16Lines: no byte shuffles), else stores of numbers where it has those
+    (kBf16NumberStores: no NaN check, vmovmskps)."""
+    if kernel_flag("kSplitBf16Lines", path):
+        return loop.count(r"^vpshufb\b") == 0
+    if kernel_flag("kBf16NumberStores", path):
+        return loop.count(r"^vmovmskps\b") == 0
+    return True
+
+
 def run_groups() -> int:
     """kRunGroups: the groups of one float32 run."""
     return kernel_constant("kRunGroups")
@@ -538,11 +557,14 @@ def find_hot_loop(loops: list[Loop], spec: LoopSpec, dtype: str, rows: int, path
             if not loop.prefetching or prefetch_l2 not in (DTYPE_SIZE[dtype], 1):
                 continue
         elif spec.name == "grad_rows":
-            if "grad_rows" in head and ", true," not in _type_arguments(loop.function):
-                continue  # streaming stores, as at the benchmark shape (outputs of 8 MiB and more)
             if loop.prefetching:  # rows past the first pair do not prefetch
                 continue
+            if dtype == "bfloat16" and not is_bf16_pass2_as_run(loop, path):
+                continue
         candidates.append(loop)
+    if spec.name == "grad_rows":
+        # streaming stores, as at the benchmark shape (outputs of 8 MiB and more), where the path has them
+        candidates = [loop for loop in candidates if loop.count(r"^v?movnt")] or candidates
     if not candidates:
         return None
     # The step of four groups where it is an inner loop; the single group where the step holds inner loops

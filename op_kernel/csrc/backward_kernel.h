@@ -11,7 +11,8 @@
 //   pass 2, token by token, over the hidden tiles, rows still in cache:
 //           gv_i = go p_i + a_i w - c_i v_i           (the input gradients)
 //           chunk_row += a_i v_i, tokens then rows in order   (weight gradients)
-//           (bfloat16 on the 512-bit paths: value rows read a line at a time, split; kSplitLines)
+//           (bfloat16 on the 512-bit paths: value rows read a line at a time, split; kSplitLines;
+//           bfloat16 on avx2: a token's gradients stored without a NaN check when they hold none; kNumberStores)
 // The chunk row is the chunk's float32 workspace row [H]. Once every task is
 // done the chunk rows are summed in chunk order, so the weight gradients have
 // the same bits for any core split; per element the input gradients are a fixed
@@ -28,6 +29,15 @@ namespace {
 // straddle two tiles, so a call uses the layout only when every tile starts on a line.
 template <typename T>
 constexpr bool kSplitLines = std::is_same<T, BF16>::value && kSplitBf16Lines;
+
+// Pass 2 of bfloat16 on the paths with kBf16NumberStores (simd_*.h) stores a token's gradients without
+// looking for NaNs when they can hold none: go, w and every v_i finite, and p_i, a_i, c_i finite. Then
+// gv_i = fma(-c_i, v_i, fma(a_i, w, go p_i)) is a number or an infinity: only go p_i can overflow, and an
+// fma of finite factors with an infinite addend is that infinity. Pass 1 has seen go and v_i finite when
+// every row's sums g and wv are (a non-finite factor makes its product, and so the sum, inf or NaN); w
+// (float32) is checked once per call. Other tokens take the checked stores: the same bits either way.
+template <typename T>
+constexpr bool kNumberStores = std::is_same<T, BF16>::value && kBf16NumberStores;
 
 // Where a row's whole lines end in the split line layout.
 inline int64_t split_lines_end(int64_t hidden) { return hidden / (2 * kLanes) * (2 * kLanes); }
@@ -89,7 +99,7 @@ inline void from_pass2_layout(bool split_lines, const float* row, int64_t hidden
 }
 
 // One line of a value row as the groups pass 2 computes on (kSplit: split, else in the lane layout
-// of T), and a line of gradients back into memory order.
+// of T), and a line of gradients back into memory order (kNumbers: groups that hold no NaN).
 template <bool kSplit, int kGroups, typename T>
 inline void load_value_line(const T* p, V16* groups) {
   if constexpr (kSplit) {
@@ -98,9 +108,17 @@ inline void load_value_line(const T* p, V16* groups) {
     for (int g = 0; g < kGroups; ++g) groups[g] = vload(p + g * kLanes);
   }
 }
-template <bool kStream, bool kSplit, typename T>
+template <bool kStream, bool kSplit, bool kNumbers, typename T>
 inline void store_gradient_line(T* p, const V16* groups) {
-  if constexpr (!kSplit) {
+  if constexpr (kNumbers) {
+    for (int g = 0; g < 2; ++g) {  // a line of bfloat16: two groups
+      if (kStream) {
+        vstream_numbers(p + g * kLanes, groups[g]);
+      } else {
+        vstore_numbers(p + g * kLanes, groups[g]);
+      }
+    }
+  } else if constexpr (!kSplit) {
     store_line<kStream>(p, groups);
   } else if (kStream) {
     vstream_split(p, groups[0], groups[1]);
@@ -116,18 +134,38 @@ struct RowCoefficients {
   float* c;  // gs * wv * r^3 / H
 };
 
+inline bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+// Whether pass 2 may store a token's gradients as numbers (kNumberStores): its rows' sums and
+// coefficients finite, and w (w_finite).
+inline bool gradients_are_numbers(bool w_finite, const double* g, const double* wv, const RowCoefficients& k,
+                                  int64_t row_num) {
+  if (!w_finite) return false;
+  for (int64_t i = 0; i < row_num; ++i) {
+    if (!std::isfinite(g[i]) || !std::isfinite(wv[i])) return false;
+  }
+  return all_finite(k.p, row_num) && all_finite(k.a, row_num) && all_finite(k.c, row_num);
+}
+
 // K rows i = r0 .. r0+K-1 of one token over hidden [h0, h1):
 //   gv_i[h] = go[h] p_i + a_i w[h] - c_i v_i[h]     (written to the gradient rows)
 //   chunk_row[h] += a_i v_i[h]                       (rows in order)
 // go, w and chunk_row are float buffers in the lane layout of T, or with kSplit in the split line
-// layout (h0 then on a line), zero padded.
+// layout (h0 then on a line), zero padded; they are read where they are used, not held in registers
+// across the K rows (AVX2's 16 registers spilled them: 6-10% of the 16-bit backward from memory).
+// kNumbers: the gradients hold no NaN (kNumberStores).
 // The caller walks rows in order, so every chunk_row element adds tokens then rows
 // in order whatever the tiling or K. A few rows at a time keep the chunk row's
 // loads and stores few, and the write streams few (streaming stores lose their
 // benefit when one thread interleaves many write streams).
 // Forced inline: with the split lines' instances GCC made the single-row ones calls, and the bfloat16
 // backward ran 1.17 times as slow from memory (Zen 4, avx512bf16).
-template <int K, bool kStream, bool kSplit, typename T>
+template <int K, bool kStream, bool kSplit, bool kNumbers, typename T>
 [[gnu::always_inline]] inline void grad_rows(const T* const* v, T* const* gv, const T* next_go,
                                              const RowCoefficients& k, int64_t r0, const float* go, const float* w,
                                              float* chunk_row, int64_t h0, int64_t h1) {
@@ -142,22 +180,19 @@ template <int K, bool kStream, bool kSplit, typename T>
   }
   int64_t h = h0;
   for (; h + kGroups * kLanes <= h1; h += kGroups * kLanes) {
-    V16 go_v[kGroups], w_v[kGroups], acc[kGroups];
-    for (int g = 0; g < kGroups; ++g) {
-      go_v[g] = vload(go + h + g * kLanes);
-      w_v[g] = vload(w + h + g * kLanes);
-      acc[g] = vload(chunk_row + h + g * kLanes);
-    }
+    V16 acc[kGroups];
+    for (int g = 0; g < kGroups; ++g) acc[g] = vload(chunk_row + h + g * kLanes);
     // One 64-byte line of each row per step (fp32: 1 group, 16-bit: 2).
     if (r0 == 0 && next_go != nullptr) prefetch(next_go + h);
     for (int j = 0; j < K; ++j) {
       V16 value[kGroups], grad[kGroups];
       load_value_line<kSplit, kGroups>(v[r0 + j] + h, value);
       for (int g = 0; g < kGroups; ++g) {
-        grad[g] = vfma(neg_c[j], value[g], vfma(a_v[j], w_v[g], vmul(go_v[g], p_v[j])));
+        const int64_t e = h + g * kLanes;
+        grad[g] = vfma(neg_c[j], value[g], vfma(a_v[j], vload(w + e), vmul(vload(go + e), p_v[j])));
         acc[g] = vfma(a_v[j], value[g], acc[g]);
       }
-      store_gradient_line<kStream, kSplit>(gv[r0 + j] + h, grad);
+      store_gradient_line<kStream, kSplit, kNumbers>(gv[r0 + j] + h, grad);
     }
     for (int g = 0; g < kGroups; ++g) vstore(chunk_row + h + g * kLanes, acc[g]);
   }
@@ -181,33 +216,41 @@ template <int K, bool kStream, bool kSplit, typename T>
 
 // next_go (or null): grad_hidden_states of the token this core takes up a block later; its
 // lines are prefetched (its value rows are, in pass 1).
-template <bool kStream, bool kSplit, typename T>
+template <bool kStream, bool kSplit, bool kNumbers, typename T>
 inline void grad_tile(const T* const* rows, T* const* grads, const T* next_go,
                       int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
   constexpr int kRows = 2;  // rows per grad_rows call (docs/kernels.md, performance notes)
   int64_t i = 0;
   for (; i + kRows <= row_num; i += kRows) {
-    grad_rows<kRows, kStream, kSplit>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+    grad_rows<kRows, kStream, kSplit, kNumbers>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
   }
-  for (; i < row_num; ++i) grad_rows<1, kStream, kSplit>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+  for (; i < row_num; ++i) {
+    grad_rows<1, kStream, kSplit, kNumbers>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);
+  }
 }
 
-// Pass 2 of one token over every hidden tile; split_lines: its float rows in the split line layout.
+// Pass 2 of one token over every hidden tile; split_lines: its float rows in the split line layout;
+// numbers: its gradients hold no NaN (gradients_are_numbers).
 template <bool kStream, typename T>
-inline void grad_tiles(bool split_lines, const HiddenTiles& tiles, const T* const* rows, T* const* grads,
-                       const T* next_go, int64_t row_num, const RowCoefficients& k, const float* go, const float* w,
-                       float* chunk_row) {
+inline void grad_tiles(bool split_lines, bool numbers, const HiddenTiles& tiles, const T* const* rows,
+                       T* const* grads, const T* next_go, int64_t row_num, const RowCoefficients& k, const float* go,
+                       const float* w, float* chunk_row) {
   for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+    const int64_t h0 = tiles.begin(tile), h1 = tiles.end(tile);
     if constexpr (kSplitLines<T>) {
       if (split_lines) {
-        grad_tile<kStream, true>(rows, grads, next_go, row_num, k, go, w, chunk_row, tiles.begin(tile),
-                                 tiles.end(tile));
+        grad_tile<kStream, true, false>(rows, grads, next_go, row_num, k, go, w, chunk_row, h0, h1);
         continue;
       }
     }
-    grad_tile<kStream, false>(rows, grads, next_go, row_num, k, go, w, chunk_row, tiles.begin(tile),
-                              tiles.end(tile));
+    if constexpr (kNumberStores<T>) {
+      if (numbers) {
+        grad_tile<kStream, false, true>(rows, grads, next_go, row_num, k, go, w, chunk_row, h0, h1);
+        continue;
+      }
+    }
+    grad_tile<kStream, false, false>(rows, grads, next_go, row_num, k, go, w, chunk_row, h0, h1);
   }
 }
 
@@ -274,6 +317,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     if (split_lines) split_line_score_weight(norm_weight, proj_weight, hidden, split_w.data());
   }
   const float* pass2_w = split_lines ? split_w.data() : w.data();
+  const bool w_finite = kNumberStores<T> && all_finite(w.data(), hidden_pad);
   PhasedRow<double> w_wide(hidden_pad, grad_rows_start, 1536);  // [H_pad] the same, exact in float64: pass 1's sums
   wide_score_weight(norm_weight, proj_weight, hidden, w_wide.data());
   // 16-bit inputs: pass 1 in float32 runs when it is exact (kernel_loops.h, kRunGroups).
@@ -286,6 +330,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] value rows of the block's tokens
     std::vector<T*> grad_ptrs(block_tokens * rows);       // [B, N+1] their gradient rows
     std::vector<float> coefficients(3 * block_tokens * rows);  // p, a, c: [3, B, N+1]
+    std::vector<char> numbers(block_tokens);                    // [B] gradients_are_numbers
     std::vector<double> g(rows), wv(rows);                      // [N+1] the token's sums, reduced
     PhasedRow go(hidden_pad, grad_rows_start, 2048);  // [H_pad] grad_hidden_states[t] as float32, pass 2's layout
     PhasedRow<double> go_wide(hidden_pad, grad_rows_start, 2560);  // [H_pad] grad_hidden_states[t] in float64, ditto
@@ -354,6 +399,7 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
                                   coefficients.data() + (2 * block_tokens + b) * rows};
           std::memcpy(k.p, args.probs + t * rows, rows * sizeof(float));
           row_coefficients(g.data(), wv.data(), args.inv_norm + t * rows, rows, hidden, k);
+          numbers[b] = kNumberStores<T> && gradients_are_numbers(w_finite, g.data(), wv.data(), k, rows);
         }
         // Pass 2: input gradients and the chunk row, token by token (the chunk row's order).
         for (int64_t t = t0; t < t1; ++t) {
@@ -366,11 +412,11 @@ void backward_impl(const BackwardArgs& args, int max_threads) {
           to_pass2_layout(split_lines, grad_hidden + t * hidden, hidden, go.data());
           const T* next_go = t + block_tokens < core_stop ? grad_hidden + (t + block_tokens) * hidden : nullptr;
           if (stream) {
-            grad_tiles<true>(split_lines, tiles, token_rows, token_grads, next_go, rows, k, go.data(), pass2_w,
-                             chunk_sum.data());
+            grad_tiles<true>(split_lines, numbers[b], tiles, token_rows, token_grads, next_go, rows, k, go.data(),
+                             pass2_w, chunk_sum.data());
           } else {
-            grad_tiles<false>(split_lines, tiles, token_rows, token_grads, next_go, rows, k, go.data(), pass2_w,
-                              chunk_sum.data());
+            grad_tiles<false>(split_lines, numbers[b], tiles, token_rows, token_grads, next_go, rows, k, go.data(),
+                              pass2_w, chunk_sum.data());
           }
         }
       }

@@ -189,6 +189,9 @@ inline void stream_fence() { _mm_sfence(); }
 // loads and two byte shuffles. Only for sums that go element by element into a stored row (the
 // forward's pass 2), whose lanes nothing else sees (docs/kernels.md, performance notes).
 constexpr bool kSplitBf16Lines = true;
+// No stores of numbers only (simd_avx2.h): the integer rounding masks NaNs without a branch, and the
+// AVX512-BF16 conversion's check is for subnormals too.
+constexpr bool kBf16NumberStores = false;
 inline void vload_split(const BF16* p, V16& even, V16& odd) {
   const __m512i raw = _mm512_loadu_si512(p);
   even = {_mm512_castsi512_ps(_mm512_slli_epi32(raw, 16))};

@@ -124,6 +124,8 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 // No split bfloat16 lines (simd_avx512.h): this path has no shuffles to save.
 constexpr bool kSplitBf16Lines = false;
+// No stores of numbers only (simd_avx2.h): its conversions are the scalar from_float.
+constexpr bool kBf16NumberStores = false;
 
 // Rows add_runs reads at once (kernel_loops.h): nine, as the SSE2 lanes.
 constexpr int kRunRows = 9;

@@ -312,6 +312,8 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 
 // No split bfloat16 lines (simd_avx512.h): this path's bfloat16 loads are shifts and masks already.
 constexpr bool kSplitBf16Lines = false;
+// No stores of numbers only (simd_avx2.h): its conversions choose by a mask, without branching.
+constexpr bool kBf16NumberStores = false;
 
 // Rows add_runs reads at once (kernel_loops.h): nine; with fewer, fewer memory streams were in flight and
 // the SSE2 lanes ran twice as slow (docs/kernels.md).
