@@ -415,11 +415,10 @@ def kernel_constant(name: str, path: str | None = None) -> int:
 
 
 def kernel_flag(name: str, path: str) -> bool:
-    """A constexpr bool of a path's simd_*.h (kSplitBf16Lines, kBf16NumberStores), as the modelled sources set it."""
+    """A constexpr bool of a path's simd_*.h (kSplitBf16Lines, kBf16NumberStores), as the modelled sources set it;
+    false where they do not declare it (sources older than the feature)."""
     match = re.search(rf"constexpr bool {name} = (true|false);", (CSRC / PATH_HEADERS[path]).read_text())
-    if match is None:
-        raise RuntimeError(f"{name} not found in {PATH_HEADERS[path]}")
-    return match.group(1) == "true"
+    return match is not None and match.group(1) == "true"
 
 
 def is_bf16_pass2_as_run(loop: Loop, path: str) -> bool:
