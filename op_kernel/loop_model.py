@@ -422,9 +422,9 @@ def kernel_flag(name: str, path: str) -> bool:
 
 
 def is_bf16_pass2_as_run(loop: Loop, path: str) -> bool:
-    """Whether a bfloat16 grad_rows instance is the one finite inputs run at the benchmark's shape on path: split
-    lines where the path has them (kSplitBf16Lines: no byte shuffles), else stores of numbers where it has those
-    (kBf16NumberStores: no NaN check, vmovmskps)."""
+    """Whether a bfloat16 pass-2 instance (grad_rows, weighted_sum_groups) is the one finite inputs run at the
+    benchmark's shape on path: split lines where the path has them (kSplitBf16Lines: no byte shuffles), else
+    stores of numbers where it has those (kBf16NumberStores: no NaN check, vmovmskps)."""
     if kernel_flag("kSplitBf16Lines", path):
         return loop.count(r"^vpshufb\b") == 0
     if kernel_flag("kBf16NumberStores", path):
@@ -554,6 +554,8 @@ def find_hot_loop(loops: list[Loop], spec: LoopSpec, dtype: str, rows: int, path
         elif spec.name == "weighted_sum_groups":
             # a row's lines in a step of four groups (float32: 4, 16-bit: 2); one line: a single group
             if not loop.prefetching or prefetch_l2 not in (DTYPE_SIZE[dtype], 1):
+                continue
+            if dtype == "bfloat16" and not is_bf16_pass2_as_run(loop, path):
                 continue
         elif spec.name == "grad_rows":
             if loop.prefetching:  # rows past the first pair do not prefetch

@@ -30,15 +30,6 @@ namespace {
 template <typename T>
 constexpr bool kSplitLines = std::is_same<T, BF16>::value && kSplitBf16Lines;
 
-// Pass 2 of bfloat16 on the paths with kBf16NumberStores (simd_*.h) stores a token's gradients without
-// looking for NaNs when they can hold none: go, w and every v_i finite, and p_i, a_i, c_i finite. Then
-// gv_i = fma(-c_i, v_i, fma(a_i, w, go p_i)) is a number or an infinity: only go p_i can overflow, and an
-// fma of finite factors with an infinite addend is that infinity. Pass 1 has seen go and v_i finite when
-// every row's sums g and wv are (a non-finite factor makes its product, and so the sum, inf or NaN); w
-// (float32) is checked once per call. Other tokens take the checked stores: the same bits either way.
-template <typename T>
-constexpr bool kNumberStores = std::is_same<T, BF16>::value && kBf16NumberStores;
-
 // Where a row's whole lines end in the split line layout.
 inline int64_t split_lines_end(int64_t hidden) { return hidden / (2 * kLanes) * (2 * kLanes); }
 
@@ -111,13 +102,7 @@ inline void load_value_line(const T* p, V16* groups) {
 template <bool kStream, bool kSplit, bool kNumbers, typename T>
 inline void store_gradient_line(T* p, const V16* groups) {
   if constexpr (kNumbers) {
-    for (int g = 0; g < 2; ++g) {  // a line of bfloat16: two groups
-      if (kStream) {
-        vstream_numbers(p + g * kLanes, groups[g]);
-      } else {
-        vstore_numbers(p + g * kLanes, groups[g]);
-      }
-    }
+    store_groups<2, kStream, true>(p, groups);  // a line of bfloat16: two groups
   } else if constexpr (!kSplit) {
     store_line<kStream>(p, groups);
   } else if (kStream) {
@@ -134,22 +119,16 @@ struct RowCoefficients {
   float* c;  // gs * wv * r^3 / H
 };
 
-inline bool all_finite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return false;
-  }
-  return true;
-}
-
-// Whether pass 2 may store a token's gradients as numbers (kNumberStores): its rows' sums and
-// coefficients finite, and w (w_finite).
+// Whether pass 2 may store a token's gradients without looking for NaNs (kNumberStores): they can hold
+// none when go, w and every v_i are finite, and p_i, a_i, c_i are. Then gv_i = fma(-c_i, v_i, fma(a_i, w,
+// go p_i)) is a number or an infinity: only go p_i can overflow, and an fma of finite factors with an
+// infinite addend is that infinity. Pass 1 has seen go and v_i finite when every row's sums g and wv are
+// (a non-finite factor makes its product, and so the sum, inf or NaN); w (float32, w_finite) is checked
+// once per call.
 inline bool gradients_are_numbers(bool w_finite, const double* g, const double* wv, const RowCoefficients& k,
                                   int64_t row_num) {
-  if (!w_finite) return false;
-  for (int64_t i = 0; i < row_num; ++i) {
-    if (!std::isfinite(g[i]) || !std::isfinite(wv[i])) return false;
-  }
-  return all_finite(k.p, row_num) && all_finite(k.a, row_num) && all_finite(k.c, row_num);
+  return w_finite && all_finite(g, row_num) && all_finite(wv, row_num) && all_finite(k.p, row_num) &&
+         all_finite(k.a, row_num) && all_finite(k.c, row_num);
 }
 
 // K rows i = r0 .. r0+K-1 of one token over hidden [h0, h1):

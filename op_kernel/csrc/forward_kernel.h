@@ -7,6 +7,7 @@
 //           float64 lanes of sum_h v^2 and sum_h v * w  ->  inv_norm, scores, softmax (float64);
 //           16-bit inputs add their terms in short float32 runs first (see kRunGroups)
 //   pass 2, token by token, over the hidden tiles: hidden_states = sum_i p_i v_i
+//           (bfloat16 on avx2: stored without a NaN check when the token's inputs are finite; kNumberStores)
 // The tiling sizes the block so that its rows fit in the core's buffer (on the
 // host: its L2), so pass 2 reads them from cache: the inputs cross the memory
 // bus once. No [T, N+1, H] temporary exists; per thread there are only
@@ -15,8 +16,9 @@
 namespace {
 
 // hidden_states[h .. h + 16G) = sum_i p_i * v_i[h .. h + 16G), rows in order: G full groups. next (or
-// null): rows whose lines over the same elements are prefetched into L2 (a null row is not).
-template <int G, bool kStream, typename T>
+// null): rows whose lines over the same elements are prefetched into L2 (a null row is not). kNumbers:
+// the sums hold no NaN (outputs_are_numbers).
+template <int G, bool kStream, bool kNumbers, typename T>
 inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t row_num, int64_t h, T* out,
                                 const T* const* next) {
   constexpr int64_t kLineElements = 64 / static_cast<int64_t>(sizeof(T));
@@ -53,7 +55,7 @@ inline void weighted_sum_groups(const T* const* rows, const float* p, int64_t ro
       }
     }
   } else {
-    store_groups<G, kStream>(out + h, acc);
+    store_groups<G, kStream, kNumbers>(out + h, acc);
   }
 }
 
@@ -68,23 +70,49 @@ inline void weighted_sum_partial(const T* const* rows, const float* p, int64_t r
 // Over [h0, h1): steps of four groups (their accumulators hide the FMA latency), then single groups
 // and the partial one; kBackwards: those last ones first, then the steps from h1 down.
 // next (or null): rows to prefetch over the same elements, as weighted_sum_groups.
-template <bool kStream, bool kBackwards, typename T>
+template <bool kStream, bool kBackwards, bool kNumbers, typename T>
 inline void weighted_sum_tile(const T* const* rows, const float* p, int64_t row_num, int64_t h0, int64_t h1,
                               T* out, const T* const* next) {
   const int64_t steps_end = h0 + (h1 - h0) / (4 * kLanes) * (4 * kLanes);
   if (!kBackwards) {
     for (int64_t h = h0; h < steps_end; h += 4 * kLanes) {
-      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out, next);
+      weighted_sum_groups<4, kStream, kNumbers>(rows, p, row_num, h, out, next);
     }
   }
   int64_t h = steps_end;
-  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream>(rows, p, row_num, h, out, next);
+  for (; h + kLanes <= h1; h += kLanes) weighted_sum_groups<1, kStream, kNumbers>(rows, p, row_num, h, out, next);
   if (h < h1) weighted_sum_partial(rows, p, row_num, h, h1 - h, out);
   if (kBackwards) {
     for (h = steps_end - 4 * kLanes; h >= h0; h -= 4 * kLanes) {
-      weighted_sum_groups<4, kStream>(rows, p, row_num, h, out, next);
+      weighted_sum_groups<4, kStream, kNumbers>(rows, p, row_num, h, out, next);
     }
   }
+}
+
+// Pass 2 of one token over every hidden tile (interleaved rows: from the last); numbers: its sums hold no
+// NaN (outputs_are_numbers).
+template <bool kStream, typename T>
+inline void weighted_sum_tiles(bool numbers, const HiddenTiles& tiles, const T* const* rows, const float* p,
+                               int64_t row_num, T* out, const T* const* next) {
+  constexpr bool kBackwards = kInterleavedRows<T>;
+  for (int64_t step = 0; step < tiles.h_tile_num; ++step) {
+    const int64_t tile = kBackwards ? tiles.h_tile_num - 1 - step : step;
+    const int64_t h0 = tiles.begin(tile), h1 = tiles.end(tile);
+    if constexpr (kNumberStores<T>) {
+      if (numbers) {
+        weighted_sum_tile<kStream, kBackwards, true>(rows, p, row_num, h0, h1, out, next);
+        continue;
+      }
+    }
+    weighted_sum_tile<kStream, kBackwards, false>(rows, p, row_num, h0, h1, out, next);
+  }
+}
+
+// Whether pass 2 may store a token's sums without looking for NaNs (kNumberStores): with every v_i and p_i
+// finite, sum_i p_i v_i (fused multiply-adds from zero) is a number or an infinity, since a finite product
+// added to an infinity leaves it. Pass 1 has seen v_i finite when its sum of squares is.
+inline bool outputs_are_numbers(const double* square_sums, const float* probs, int64_t row_num) {
+  return all_finite(square_sums, row_num) && all_finite(probs, row_num);
 }
 
 // How many of the next token's rows pass 1 prefetches; pass 2 prefetches the rest. The 16-bit
@@ -172,6 +200,7 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
     std::vector<const T*> row_ptrs(block_tokens * rows);  // [B, N+1] rows of the block's tokens
     std::vector<float> inv_norm(block_tokens * rows);     // [B, N+1]
     std::vector<float> probs(block_tokens * rows);        // [B, N+1]
+    std::vector<char> numbers(block_tokens);              // [B] outputs_are_numbers
     LaneArray square_lanes(rows), score_lanes(rows);      // [N+1] lanes of the token in pass 1
     VectorArray<RunSums> runs(rows);                      // [N+1] float32 runs in progress (16-bit inputs)
     std::vector<double> square_sums(rows), score_sums(rows);  // [N+1] its lanes, reduced once
@@ -226,22 +255,18 @@ void forward_impl(const ForwardArgs& args, int max_threads) {
         }
         norms_and_softmax(square_sums.data(), score_sums.data(), rows, hidden, args.norm_eps,
                           inv_norm.data() + (t - t0) * rows, probs.data() + (t - t0) * rows, scores.data());
+        numbers[t - t0] =
+            kNumberStores<T> && outputs_are_numbers(square_sums.data(), probs.data() + (t - t0) * rows, rows);
       }
-      // Pass 2: the weighted sum, rows still in cache (interleaved rows: the tiles from the last).
-      constexpr bool kBackwards = kInterleavedRows<T>;
+      // Pass 2: the weighted sum, rows still in cache.
       for (int64_t t = t0; t < t1; ++t) {
         const T* const* token_rows = row_ptrs.data() + (t - t0) * rows;
         const float* p = probs.data() + (t - t0) * rows;
         const T* const* next = rows_to_prefetch(t, pass1_rows, rows);
-        for (int64_t step = 0; step < tiles.h_tile_num; ++step) {
-          const int64_t tile = kBackwards ? tiles.h_tile_num - 1 - step : step;
-          if (stream) {
-            weighted_sum_tile<true, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                                hidden_states + t * hidden, next);
-          } else {
-            weighted_sum_tile<false, kBackwards>(token_rows, p, rows, tiles.begin(tile), tiles.end(tile),
-                                                 hidden_states + t * hidden, next);
-          }
+        if (stream) {
+          weighted_sum_tiles<true>(numbers[t - t0], tiles, token_rows, p, rows, hidden_states + t * hidden, next);
+        } else {
+          weighted_sum_tiles<false>(numbers[t - t0], tiles, token_rows, p, rows, hidden_states + t * hidden, next);
         }
       }
       if (args.inv_norm != nullptr) {

@@ -59,9 +59,34 @@ inline void store_line(T* p, const V16* groups) {
   }
 }
 
-// G consecutive groups, a line at a time.
-template <int G, bool kStream, typename T>
+// Stores of bfloat16 outputs without looking for NaNs, on the paths with kBf16NumberStores (simd_*.h),
+// for the tokens whose outputs can hold none (forward_kernel.h and backward_kernel.h say when). The
+// rounding is the checked stores': the same bits.
+template <typename T>
+constexpr bool kNumberStores = std::is_same<T, BF16>::value && kBf16NumberStores;
+
+template <typename F>
+inline bool all_finite(const F* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+// G consecutive groups, a line at a time; kNumbers: bfloat16 groups that hold no NaN (kNumberStores).
+template <int G, bool kStream, bool kNumbers = false, typename T>
 inline void store_groups(T* p, const V16* groups) {
+  if constexpr (kNumbers) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      if (kStream) {
+        vstream_numbers(p + g * kLanes, groups[g]);
+      } else {
+        vstore_numbers(p + g * kLanes, groups[g]);
+      }
+    }
+    return;
+  }
   constexpr int kPerLine = sizeof(T) == 2 ? 2 : 1;
   int g = 0;
 #pragma GCC unroll 8
