@@ -638,13 +638,15 @@ def parse_mca(report: str) -> Model:
                 usage[mnemonic] += 0.0 if value == "-" else float(value)
             top = [(m, c) for m, c in usage.most_common(4) if c > 0]
     # llvm-mca's models give an instruction they have no data for a placeholder latency of 100 cycles (LLVM 14's
-    # znver1/znver2 do so for vcvtph2ps/vcvtps2ph on ymm): such a loop's figure says nothing about the CPU.
+    # znver1/znver2 do so for vcvtph2ps/vcvtps2ph on ymm); LLVM 19's sapphirerapids gives streaming stores 507,
+    # and llvm-mca retires in order, so the loop waits for the store's trip to memory, which a CPU does not.
+    # Such a loop's figure says nothing about the CPU.
     unmodelled = sorted(_placeholder_latencies(report))
     return Model(per_iteration, rthroughput, bound, top, report, unmodelled)
 
 
 def _placeholder_latencies(report: str) -> set[str]:
-    """Mnemonics of the Instruction Info view whose latency is 100 cycles or more."""
+    """Mnemonics of the Instruction Info view whose latency is 100 cycles or more (see parse_mca)."""
     info = report.split("Instruction Info:", 1)
     if len(info) < 2:
         return set()
@@ -787,8 +789,10 @@ def print_tables(rows_by_path: dict[str, list[Row]], rows: int, clock_ghz: float
         flagged = sorted({(c, m) for r in path_rows for c, model in r.models.items() for m in model.unmodelled
                           if c != ZEN1_SPLIT})
         if flagged:
-            print("\n!: llvm-mca has no figures for " + "; ".join(f"{m} on {c}" for c, m in flagged)
-                  + " (a placeholder latency of 100 cycles): those figures are not the CPU's.", file=out)
+            named = "; ".join(f"{m} on {c}" for c, m in flagged)
+            print(f"\n!: llvm-mca gives a latency of 100 cycles or more to {named}"
+                  " (a placeholder where its model has no data, or a streaming store's trip to memory, which it makes"
+                  " the loop wait for): those figures are not the CPU's.", file=out)
 
 
 def print_bounds(rows_by_path: dict[str, list[Row]], out=sys.stdout) -> None:
