@@ -585,7 +585,7 @@ class Model:
     bound: str  # what binds: the busiest resource and its load, or the dependency chain
     top_instructions: list[tuple[str, float]]  # the busiest resource's largest users (mnemonic, cycles)
     report: str
-    unmodelled: list[str] = dataclasses.field(default_factory=list)  # mnemonics with a placeholder latency
+    unmodelled: list[str] = dataclasses.field(default_factory=list)  # mnemonics whose latency is unusable
 
     @property
     def flagged(self) -> bool:
@@ -641,11 +641,11 @@ def parse_mca(report: str) -> Model:
     # znver1/znver2 do so for vcvtph2ps/vcvtps2ph on ymm); LLVM 19's sapphirerapids gives streaming stores 507,
     # and llvm-mca retires in order, so the loop waits for the store's trip to memory, which a CPU does not.
     # Such a loop's figure says nothing about the CPU.
-    unmodelled = sorted(_placeholder_latencies(report))
+    unmodelled = sorted(_unusable_latencies(report))
     return Model(per_iteration, rthroughput, bound, top, report, unmodelled)
 
 
-def _placeholder_latencies(report: str) -> set[str]:
+def _unusable_latencies(report: str) -> set[str]:
     """Mnemonics of the Instruction Info view whose latency is 100 cycles or more (see parse_mca)."""
     info = report.split("Instruction Info:", 1)
     if len(info) < 2:
