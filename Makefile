@@ -144,7 +144,7 @@ CANN_HOST_DIR := build/cann-host
 CANN_HOST_LIB := $(CANN_HOST_DIR)/libattnres_ge_cann_host.a
 CANN_HOST_SOURCES := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' op_host/cann_sources.txt)
 CANN_HOST_OBJS := $(CANN_HOST_SOURCES:%.cpp=$(CANN_HOST_DIR)/obj/%.o)
-CANN_HOST_HEADERS := $(wildcard op_host/*.h op_proto/*.h)
+CANN_HOST_HEADERS := $(wildcard op_host/cann/*.h op_proto/cann/*.h)
 CANN_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CANN_CXX ?= g++
 # Recursively expanded: read only when a cann-* target runs, so other targets work without the kit.

@@ -57,7 +57,7 @@ def host_profile() -> PlatformProfile:
 
 
 # Only the host CPU: these tilings feed this package's CPU kernels. CANN's Ascend kernels read the
-# tiling of the C++ registrations (op_host/*_tiling.cpp), so no Ascend SoC gets a Python profile here.
+# tiling of the C++ registrations (op_host/cann/*_tiling.cpp), so no Ascend SoC gets a Python profile here.
 PROFILES: dict[str, Callable[[], PlatformProfile]] = {
     "host": host_profile,
 }
@@ -70,7 +70,7 @@ def profile_by_name(name: str) -> PlatformProfile:
     if name.lower().startswith("ascend"):
         raise ValueError(
             f"{name!r} is an Ascend SoC: the Python tiling serves only this package's CPU kernels. On Ascend, "
-            "CANN's kernels read the tiling of the C++ registrations (op_host/*_tiling.cpp), run on CPU by the "
+            "CANN's kernels read the tiling of the C++ registrations (op_host/cann/*_tiling.cpp), run on CPU by the "
             "`make cann-host` test tier (tests/cann) and documented in docs/ascend.md; "
             f"host profiles: {sorted(PROFILES)}"
         )

@@ -204,12 +204,12 @@ def test_source_list_names_every_registration_of_every_op():
     listed = set(source_list())
     for op_type in PROTOTYPES:
         stem = op_stem(op_type)
-        paths = [f"op_host/{stem}_def.cpp", f"op_proto/{stem}_infershape.cpp"]
+        paths = [f"op_host/cann/{stem}_def.cpp", f"op_proto/cann/{stem}_infershape.cpp"]
         if op_type not in CANN_TILING_KEPT:
-            paths.append(f"op_host/{stem}_tiling.cpp")
+            paths.append(f"op_host/cann/{stem}_tiling.cpp")
         for path in paths:
             assert path in listed, f"{op_type}: {path} is not in op_host/cann_sources.txt"
-    assert "op_host/block_attn_res_update_tiling.cpp" not in listed
+    assert "op_host/cann/block_attn_res_update_tiling.cpp" not in listed
 
 
 def test_package_inputs_resolve_and_include_the_generated_headers(cmake, kit, gxx, tmp_path):

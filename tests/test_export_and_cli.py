@@ -153,7 +153,7 @@ def test_cli_tiling_sends_ascend_socs_to_the_cpp_registrations(capsys, soc):
     assert main(["tiling", "--op", "backward", "--soc", soc, "--shape", "4096,8,2048"]) == 2
     err = capsys.readouterr().err
     assert f"{soc!r} is an Ascend SoC" in err
-    assert "C++ registrations (op_host/*_tiling.cpp)" in err and "make cann-host" in err
+    assert "C++ registrations (op_host/cann/*_tiling.cpp)" in err and "make cann-host" in err
 
 
 @pytest.mark.slow

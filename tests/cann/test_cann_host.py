@@ -1,4 +1,5 @@
-"""Our CANN registrations (op_proto/*.cpp, op_host/*.cpp) run through CANN's registries the way GE calls them.
+"""Our CANN registrations (op_proto/cann/*.cpp, op_host/cann/*.cpp) run through CANN's registries the way GE
+calls them.
 
 Each case goes to two builds of tests/cann/cann_driver.cpp: one linked with our archive, one with upstream's
 (hicann/ops-transformer's host code of both ops, from the CANN source kit). See conftest.py for the build and for

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../op_proto/block_attention_residuals_io.h"
+#include "../../op_proto/cann/block_attention_residuals_io.h"
 #include "attnres_platform_resolve.h"
 #include "log/log.h"
 #include "register/op_impl_registry.h"

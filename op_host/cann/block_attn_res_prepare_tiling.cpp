@@ -20,8 +20,8 @@
 #include <cstring>
 #include <limits>
 
-#include "../op_proto/attnres_shape_check.h"
-#include "../op_proto/block_attn_res_prepare_io.h"
+#include "../../op_proto/cann/attnres_shape_check.h"
+#include "../../op_proto/cann/block_attn_res_prepare_io.h"
 #include "attnres_platform_resolve.h"
 #include "log/log.h"
 #include "register/op_impl_registry.h"

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../op_proto/block_attention_residuals_grad_io.h"
+#include "../../op_proto/cann/block_attention_residuals_grad_io.h"
 #include "attnres_platform_resolve.h"
 #include "log/log.h"
 #include "register/op_impl_registry.h"
