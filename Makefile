@@ -142,9 +142,12 @@ CANN_SRC ?= ../shared/cann-src
 CANN_SIM_DIR := build/cann-sim
 CANN_HOST_DIR := build/cann-host
 CANN_HOST_LIB := $(CANN_HOST_DIR)/libattnres_ge_cann_host.a
-CANN_HOST_SOURCES := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' op_host/cann_sources.txt)
+# Our registrations: every *.cpp and *.h in these folders, sorted, so a new op's C++ host files dropped there
+# are built with nothing else edited (cann_package/cmake/attnres_inputs.cmake derives the package's the same way).
+CANN_HOST_FOLDERS := op_proto/cann op_host/cann
+CANN_HOST_SOURCES := $(sort $(wildcard $(addsuffix /*.cpp,$(CANN_HOST_FOLDERS))))
 CANN_HOST_OBJS := $(CANN_HOST_SOURCES:%.cpp=$(CANN_HOST_DIR)/obj/%.o)
-CANN_HOST_HEADERS := $(wildcard op_host/cann/*.h op_proto/cann/*.h)
+CANN_HOST_HEADERS := $(sort $(wildcard $(addsuffix /*.h,$(CANN_HOST_FOLDERS))))
 CANN_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CANN_CXX ?= g++
 # Recursively expanded: read only when a cann-* target runs, so other targets work without the kit.

@@ -6,8 +6,9 @@
 - The backward's header equals upstream's hand-written op_graph prototype; the msopgen JSON of
   both ops equals upstream's OpDefs (names, order, presence, paired dtype/format columns,
   attribute types and defaults).
-- cann_package/cmake/attnres_inputs.cmake (what the package build runs first) resolves the
-  source list op_host/cann_sources.txt to existing files and compiles exactly the generated headers.
+- cann_package/cmake/attnres_inputs.cmake (what the package build runs first) takes every *.cpp in
+  op_proto/cann/ and op_host/cann/ (sorted), which names every registration of every op, and compiles
+  exactly the generated headers.
 
 The kit is found at env CANN_SRC (relative paths from the repository root), default
 ../shared/cann-src; without it, or without g++/cmake, these tests skip with a message, except in
@@ -33,7 +34,7 @@ PROTOTYPES = {op.op_type: op.prototype for op in OPS}
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KIT = REPO_ROOT / os.environ.get("CANN_SRC", "../shared/cann-src")
 INPUTS_SCRIPT = REPO_ROOT / "cann_package" / "cmake" / "attnres_inputs.cmake"
-SOURCE_LIST = REPO_ROOT / "op_host" / "cann_sources.txt"
+CANN_FOLDERS = ("op_proto/cann", "op_host/cann")  # the C++ registrations: every *.cpp in them is built
 UPSTREAM_OPS = Path("upstream") / "ops-transformer" / "mhc"
 UPSTREAM_TWO_PHASE_OPS = Path("upstream") / "two-phase" / "attention"  # BlockAttnResPrepare / Update
 GETTER_TYPES = {"Int": "int64_t", "Float": "float", "Bool": "bool"}  # GE's OpInt, OpFloat, OpBool
@@ -178,16 +179,17 @@ def test_msopgen_json_equals_upstream_opdef(kit, op_type):
             for a in ours["attr"]] == upstream["attr"]
 
 
+def derived_sources(root: Path) -> list[str]:
+    """The C++ registrations under `root` as the package build derives them: every *.cpp of CANN_FOLDERS, sorted."""
+    paths = (path for folder in CANN_FOLDERS for path in (root / folder).glob("*.cpp"))
+    return sorted(path.relative_to(root).as_posix() for path in paths)
+
+
 def source_list() -> list[str]:
-    """op_host/cann_sources.txt as the package build reads it: paths, without blank and # lines."""
-    require_list()
-    lines = (line.strip() for line in SOURCE_LIST.read_text().splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
-
-
-def require_list() -> None:
-    if not SOURCE_LIST.is_file():
-        pytest.skip(f"{SOURCE_LIST.relative_to(REPO_ROOT)} is absent: the C++ registrations are not in this tree yet")
+    listed = derived_sources(REPO_ROOT)
+    if not listed:
+        pytest.skip(f"no *.cpp in {' or '.join(CANN_FOLDERS)}: the C++ registrations are not in this tree yet")
+    return listed
 
 
 def run_inputs_script(cmake: str, repo_root: Path, out_dir: Path) -> subprocess.CompletedProcess:
@@ -208,7 +210,7 @@ def test_source_list_names_every_registration_of_every_op():
         if op_type not in CANN_TILING_KEPT:
             paths.append(f"op_host/cann/{stem}_tiling.cpp")
         for path in paths:
-            assert path in listed, f"{op_type}: {path} is not in op_host/cann_sources.txt"
+            assert path in listed, f"{op_type}: {path} is missing"
     assert "op_host/cann/block_attn_res_update_tiling.cpp" not in listed
 
 
@@ -230,17 +232,22 @@ def test_package_inputs_resolve_and_include_the_generated_headers(cmake, kit, gx
     syntax_check(gxx, kit, tmp_path / "inputs" / "attnres_ge_op_proto.cc", tmp_path / "inputs")
 
 
-def test_package_inputs_skip_comments_and_refuse_a_missing_source(cmake, tmp_path):
+def test_package_inputs_take_every_cpp_of_the_cann_folders_and_refuse_none(cmake, tmp_path):
     root = tmp_path / "repo"
-    (root / "op_host").mkdir(parents=True)
-    (root / "op_host" / "present_def.cpp").write_text("// listed\n")
-    (root / "op_host" / "cann_sources.txt").write_text("# comment\n\n  op_host/present_def.cpp  \n")
+    for folder in ("op_proto/cann", "op_host/cann", "op_host/cann/nested"):
+        (root / folder).mkdir(parents=True)
+    taken = ["op_host/cann/a_def.cpp", "op_host/cann/z_tiling.cpp", "op_proto/cann/b_infershape.cpp"]
+    left = ["op_host/cann/a_tiling.h", "op_host/cann/nested/x.cpp", "op_host/top.cpp", "op_host/b_tiling.py"]
+    for path in taken + left:
+        (root / path).write_text("// present\n")
+    assert derived_sources(root) == taken
     result = run_inputs_script(cmake, root, tmp_path / "ok")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "ok" / "host_sources.txt").read_text().split() == [str(root / "op_host" / "present_def.cpp")]
+    assert (tmp_path / "ok" / "host_sources.txt").read_text().split() == [str(root / path) for path in taken]
     assert (tmp_path / "ok" / JSON_NAME).is_file()
 
-    (root / "op_host" / "cann_sources.txt").write_text("op_host/present_def.cpp\nop_host/absent_tiling.cpp\n")
-    result = run_inputs_script(cmake, root, tmp_path / "missing")
+    for path in taken:
+        (root / path).unlink()
+    result = run_inputs_script(cmake, root, tmp_path / "none")
     assert result.returncode != 0
-    assert "lists op_host/absent_tiling.cpp, which does not exist" in result.stderr
+    assert "attnres: no C++ registrations (*.cpp)" in result.stderr

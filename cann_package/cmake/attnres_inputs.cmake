@@ -1,9 +1,10 @@
 # What the attnres custom OPP package is built from, resolved from this repository. Needs no CANN toolkit.
 #
-# attnres_read_source_list(<repo root> <out var>)
-#     The C++ registrations listed in <repo root>/op_host/cann_sources.txt (one path per line, relative to the
-#     repository root; blank lines and lines starting with # are skipped), as absolute paths. The same list
-#     feeds `make cann-host`, so the package and the CPU-tested archive are built from the same files.
+# attnres_host_sources(<repo root> <out var>)
+#     The C++ registrations: every *.cpp in <repo root>/op_proto/cann/ and <repo root>/op_host/cann/, as absolute
+#     paths sorted by path. The list is derived, not kept by hand: a new op's C++ host files dropped into those
+#     folders are built with nothing else edited. The Makefile derives `make cann-host`'s sources the same way,
+#     so the package and the CPU-tested archive are built from the same files.
 # attnres_export_protos(<python> <out dir> <headers var> <source var>)
 #     Runs `attnres-ge export-proto` into <out dir> (the REG_OP headers <op>_proto.h, generated from the Python
 #     prototypes at build time, never a committed copy) and writes <out dir>/attnres_ge_op_proto.cc, the one
@@ -13,25 +14,23 @@
 #   cmake -DATTNRES_REPO_ROOT=<repo> -DATTNRES_OUT_DIR=<dir> [-DATTNRES_PYTHON=python3] -P attnres_inputs.cmake
 # writes the generated files into <dir> and <dir>/host_sources.txt (the resolved sources, one per line).
 
-function(attnres_read_source_list repo_root out_var)
-  set(list_file "${repo_root}/op_host/cann_sources.txt")
-  if(NOT EXISTS "${list_file}")
-    message(FATAL_ERROR "attnres: ${list_file} is missing; it lists the C++ registrations the package builds")
+function(attnres_host_sources repo_root out_var)
+  set(folders "${repo_root}/op_proto/cann" "${repo_root}/op_host/cann")
+  # A configured build globs again before it builds, so a file added later is picked up; script mode has no
+  # build to re-run (and refuses CONFIGURE_DEPENDS).
+  set(configure_depends CONFIGURE_DEPENDS)
+  if(CMAKE_SCRIPT_MODE_FILE)
+    set(configure_depends "")
   endif()
-  file(STRINGS "${list_file}" lines)
-  set(sources "")
-  foreach(line IN LISTS lines)
-    string(STRIP "${line}" path)
-    if(path STREQUAL "" OR path MATCHES "^#")
-      continue()
-    endif()
-    if(NOT EXISTS "${repo_root}/${path}")
-      message(FATAL_ERROR "attnres: ${list_file} lists ${path}, which does not exist")
-    endif()
-    list(APPEND sources "${repo_root}/${path}")
+  set(patterns "")
+  foreach(folder IN LISTS folders)
+    list(APPEND patterns "${folder}/*.cpp")
   endforeach()
+  file(GLOB sources LIST_DIRECTORIES false ${configure_depends} ${patterns})
+  list(SORT sources)
   if(NOT sources)
-    message(FATAL_ERROR "attnres: ${list_file} lists no sources")
+    list(JOIN folders " and " where)
+    message(FATAL_ERROR "attnres: no C++ registrations (*.cpp) in ${where}")
   endif()
   set(${out_var} "${sources}" PARENT_SCOPE)
 endfunction()
@@ -72,7 +71,7 @@ if(CMAKE_SCRIPT_MODE_FILE STREQUAL CMAKE_CURRENT_LIST_FILE)
   if(NOT ATTNRES_PYTHON)
     set(ATTNRES_PYTHON python3)
   endif()
-  attnres_read_source_list("${ATTNRES_REPO_ROOT}" host_sources)
+  attnres_host_sources("${ATTNRES_REPO_ROOT}" host_sources)
   attnres_export_protos("${ATTNRES_PYTHON}" "${ATTNRES_OUT_DIR}" proto_headers proto_source)
   list(JOIN host_sources "\n" listed)
   file(WRITE "${ATTNRES_OUT_DIR}/host_sources.txt" "${listed}\n")

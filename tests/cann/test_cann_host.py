@@ -221,12 +221,12 @@ def test_warm_910b2_tiling_pinned_to_the_kit_readme(drivers, which):
 
 
 def test_archive_holds_only_our_registrations(drivers):
-    """build/cann-host/libattnres_ge_cann_host.a: one object per source in op_host/cann_sources.txt, no main."""
+    """build/cann-host/libattnres_ge_cann_host.a: one object per *.cpp in op_proto/cann/ and op_host/cann/, no main."""
     archive = REPO / "build" / "cann-host" / "libattnres_ge_cann_host.a"
-    sources = (REPO / "op_host" / "cann_sources.txt").read_text().splitlines()
-    listed = [line.strip() for line in sources if line.strip() and not line.startswith("#")]
+    sources = [*(REPO / "op_proto" / "cann").glob("*.cpp"), *(REPO / "op_host" / "cann").glob("*.cpp")]
+    assert sources, "no C++ registrations in op_proto/cann/ or op_host/cann/"
     members = subprocess.run(["ar", "t", str(archive)], capture_output=True, text=True, check=True).stdout.split()
-    assert sorted(members) == sorted(Path(source).with_suffix(".o").name for source in listed)
+    assert sorted(members) == sorted(source.with_suffix(".o").name for source in sources)
     nm = ["nm", "-C", "--defined-only", str(archive)]
     symbols = subprocess.run(nm, capture_output=True, text=True, check=True).stdout
     assert " T main" not in symbols
