@@ -38,27 +38,69 @@ def cmd_train(args) -> int:
     return 0
 
 
+# The Block AttnRes pair by their old short names (`--op forward`, `--op backward`).
+TILING_ALIASES = {"forward": "block_attention_residuals", "backward": "block_attention_residuals_backward"}
+BLOCK_LETTERS = ("T", "N", "H")  # what a --shape of three integers gives
+
+
+def parse_dims(text: str) -> dict[str, int]:
+    """`--shape` of the tiling command: T,N,H (three integers) or LETTER=SIZE pairs, e.g. T=64,N=4,S=2,D=256."""
+    parts = text.split(",")
+    try:
+        if all("=" in part for part in parts):
+            return {letter.strip(): int(size) for letter, size in (part.split("=", 1) for part in parts)}
+        if len(parts) == len(BLOCK_LETTERS):
+            return dict(zip(BLOCK_LETTERS, (int(part) for part in parts), strict=True))
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--shape takes T,N,H (three integers) or LETTER=SIZE pairs, got {text!r}")
+
+
+def tiling_attrs(proto, args) -> dict:
+    """The attributes given by --attr NAME=VALUE, --norm-eps and --need-backward, typed by the prototype."""
+    kinds = {attr.name: attr.kind for attr in proto.attrs}
+    given = dict(item.split("=", 1) if "=" in item else (item, "") for item in args.attr)
+    if args.norm_eps is not None:
+        given["norm_eps"] = args.norm_eps
+    if args.need_backward:
+        given["need_backward"] = "true"
+    unknown = sorted(set(given) - set(kinds))
+    if unknown:
+        raise ValueError(f"{proto.op_type} has no attribute {', '.join(unknown)}; its attributes: {sorted(kinds)}")
+    return {name: ATTR_PARSERS[kinds[name]](str(value)) for name, value in given.items()}
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() not in ("true", "1", "false", "0"):
+        raise ValueError(f"a Bool attribute takes true or false, got {text!r}")
+    return text.lower() in ("true", "1")
+
+
+ATTR_PARSERS = {"Int": int, "Float": float, "Bool": _parse_bool, "Str": str}
+
+
 def cmd_tiling(args) -> int:
-    from attnres_ge.op_host import block_attention_residuals_grad_tiling as grad_tiling
-    from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
+    from attnres_ge.ge_plugin.ops import op_named
     from attnres_ge.op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
     from attnres_ge.op_kernel import describe_implementation
+    from attnres_ge.op_proto import WHERE_PROTOTYPE
 
-    tokens, blocks, hidden = args.shape
+    try:
+        op = op_named(TILING_ALIASES.get(args.op, args.op))
+    except KeyError as error:
+        raise ValueError(error.args[0]) from None
+    proto, op_tiling = op.prototype, op.kernel.tiling
     profile = profile_by_name(args.soc)
     platform = PlatformInfo(profile, filled=not args.cold, runtime=lambda: profile)
-    dtype = DTYPES[args.dtype]
-    if args.op == "forward":
-        info = forward_tiling.parse(platform)
-        result = forward_tiling.tiling(info, tokens, blocks, hidden, dtype, args.norm_eps, args.need_backward,
-                                       platform)
-    else:
-        info = grad_tiling.parse(platform)
-        result = grad_tiling.tiling(info, tokens, blocks, hidden, dtype, platform)
+    metas = proto.example_metas(args.shape, DTYPES[args.dtype])
+    attrs, _ = proto.check(metas, tiling_attrs(proto, args), WHERE_PROTOTYPE)
+    info = op_tiling.parse(platform)
+    result = op_tiling.tiling(info, metas, attrs, platform)
     print(f"op             {info.op_type}")
     print(f"platform       {profile.soc}: {profile.vector_core_num} vector cores, {profile.ub_size} bytes buffer each"
           + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
-    print(f"shape          T={tokens} N={blocks} H={hidden} {args.dtype}")
+    shape = " ".join(f"{letter}={args.shape[letter]}" for letter in proto.letters())
+    print(f"shape          {shape} {args.dtype}")
     if profile.soc == HOST_SOC:
         print(f"cpu kernels    {describe_implementation()}, at most {torch.get_num_threads()} threads "
               "(torch.get_num_threads())")
@@ -88,17 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="seed of the model's weights and data (default: 0)")
     train.set_defaults(run=cmd_train)
 
-    tiling = commands.add_parser("tiling", help="print the tiling decision for one shape")
-    tiling.add_argument("--op", choices=("forward", "backward"), required=True,
-                        help="BlockAttentionResiduals (forward) or BlockAttentionResidualsGrad (backward)")
+    tiling = commands.add_parser("tiling", help="print the tiling decision of one op for one shape")
+    tiling.add_argument("--op", required=True, metavar="OP",
+                        help="an op by torch name or GE type (attnres-ge bench --list lists them), or forward "
+                        "(BlockAttentionResiduals) or backward (BlockAttentionResidualsGrad)")
     tiling.add_argument("--soc", default="host",
                         help="platform profile: host (this CPU: its usable cores and L2 per core; default) "
                         "or Ascend910B2")
-    tiling.add_argument("--shape", type=parse_shape, required=True, metavar="T,N,H",
-                        help="tokens, blocks and hidden size, e.g. 4096,8,2048")
+    tiling.add_argument("--shape", type=parse_dims, required=True, metavar="T,N,H | L=SIZE,...",
+                        help="tokens, blocks and hidden size, e.g. 4096,8,2048; or each letter of the op's "
+                        "layouts, e.g. T=4096,N=8,S=2,D=2048")
     tiling.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the value inputs")
+    tiling.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE", help="an attribute of the op")
     tiling.add_argument("--need-backward", action="store_true", help="forward: also write inv_norm and probs")
-    tiling.add_argument("--norm-eps", type=float, default=1e-6, help="the RMS norm's epsilon (default: 1e-6)")
+    tiling.add_argument("--norm-eps", type=float, default=None, help="forward: the RMS norm's epsilon (default 1e-6)")
     tiling.add_argument("--cold", action="store_true", help="platform handle empty at TilingParse (cold start)")
     tiling.set_defaults(run=cmd_tiling)
 

@@ -1,4 +1,5 @@
-"""torch op `attnres::block_attention_residuals` (GE type BlockAttentionResiduals) and its autograd.
+"""The autograd of torch op `attnres::block_attention_residuals` (GE type BlockAttentionResiduals); the op
+itself is defined from its registry entry (op_common.define_op).
 
 The forward returns (hidden_states [T, H], inv_norm [T, N+1] float32, probs [T, N+1] float32);
 inv_norm and probs are empty ([0]) unless need_backward is true. All three outputs are
@@ -19,32 +20,8 @@ from __future__ import annotations
 import torch
 
 from attnres_ge.ge_plugin import torch_formulas
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY
 from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS as OP
-
-NAME = OP.name
-SCHEMA = (
-    "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
-    "int valid_block_num=-1, float norm_eps=1e-06, bool need_backward=False) -> (Tensor, Tensor, Tensor)"
-)
-
-
-def _cpu(
-    partial_block: torch.Tensor,
-    block_res: torch.Tensor,
-    proj_weight: torch.Tensor,
-    norm_weight: torch.Tensor,
-    valid_block_num: int = -1,
-    norm_eps: float = 1e-6,
-    need_backward: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    attrs = {"valid_block_num": valid_block_num, "norm_eps": norm_eps, "need_backward": need_backward}
-    return run_eager(OP.kernel, (partial_block, block_res, proj_weight, norm_weight), attrs)
-
-
-def _fake(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-1, norm_eps=1e-6, need_backward=False):
-    attrs = {"valid_block_num": valid_block_num, "norm_eps": norm_eps, "need_backward": need_backward}
-    return fake_outputs(OP.prototype, (partial_block, block_res, proj_weight, norm_weight), attrs)
 
 
 def _add(first, second):
@@ -176,7 +153,6 @@ def _apply(partial_block, block_res, proj_weight, norm_weight, valid_block_num=-
                                  need_backward)
 
 
-define_op(OP, SCHEMA, _fake, _cpu)
-LIBRARY.impl(NAME, _apply, "FuncTorchDynamicLayerFrontMode")
+LIBRARY.impl(OP.name, _apply, "FuncTorchDynamicLayerFrontMode")
 if not CPP_ENTRY:  # else ge_plugin/csrc registers the same autograd in C++ (block_attention_residuals_grad.py)
-    LIBRARY.impl(NAME, _apply, "Autograd")
+    LIBRARY.impl(OP.name, _apply, "Autograd")

@@ -1,4 +1,5 @@
-"""torch op `attnres::block_attention_residuals_backward` (GE type BlockAttentionResidualsGrad) and its autograd.
+"""The autograd of torch op `attnres::block_attention_residuals_backward` (GE type BlockAttentionResidualsGrad);
+the op itself is defined from its registry entry (op_common.define_op).
 
 Returns (grad_partial_block [T, H], grad_block_res [T, N, H], grad_proj_weight [1, H],
 grad_norm_weight [H]) in the dtype of partial_block, from the forward's saved inv_norm and probs.
@@ -18,36 +19,8 @@ import torch
 
 from attnres_ge.ge_plugin import cpp_entry, torch_formulas
 from attnres_ge.ge_plugin.block_attention_residuals import _vmap_loop, statistics_backward
-from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY, define_op, fake_outputs, run_eager
+from attnres_ge.ge_plugin.op_common import CPP_ENTRY, LIBRARY
 from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS_GRAD as OP
-
-NAME = OP.name
-SCHEMA = (
-    "(Tensor partial_block, Tensor block_res, Tensor proj_weight, Tensor norm_weight, "
-    "Tensor grad_hidden_states, Tensor inv_norm, Tensor probs, *, int valid_block_num=0) "
-    "-> (Tensor, Tensor, Tensor, Tensor)"
-)
-
-
-def _cpu(
-    partial_block: torch.Tensor,
-    block_res: torch.Tensor,
-    proj_weight: torch.Tensor,
-    norm_weight: torch.Tensor,
-    grad_hidden_states: torch.Tensor,
-    inv_norm: torch.Tensor,
-    probs: torch.Tensor,
-    *,
-    valid_block_num: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    tensors = (partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs)
-    return run_eager(OP.kernel, tensors, {"valid_block_num": valid_block_num})
-
-
-def _fake(partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs, *,
-          valid_block_num=0):
-    tensors = (partial_block, block_res, proj_weight, norm_weight, grad_hidden_states, inv_norm, probs)
-    return fake_outputs(OP.prototype, tensors, {"valid_block_num": valid_block_num})
 
 
 class BackwardFunction(torch.autograd.Function):
@@ -103,10 +76,9 @@ def _functorch(*tensors, valid_block_num=0):
     return differentiable_backward(*tensors, valid_block_num)
 
 
-define_op(OP, SCHEMA, _fake, _cpu)
-LIBRARY.impl(NAME, _functorch, "FuncTorchDynamicLayerFrontMode")
+LIBRARY.impl(OP.name, _functorch, "FuncTorchDynamicLayerFrontMode")
 if CPP_ENTRY:  # the C++ Autograd kernels of both ops; they call these for the derivatives the kernels do not compute
     cpp_entry.MODULE.set_autograd_formulas(statistics_backward, differentiable_backward)
     cpp_entry.MODULE.register_autograd()
 else:
-    LIBRARY.impl(NAME, _autograd, "Autograd")
+    LIBRARY.impl(OP.name, _autograd, "Autograd")

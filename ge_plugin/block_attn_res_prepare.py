@@ -1,4 +1,5 @@
-"""torch op `attnres::block_attn_res_prepare` (GE type BlockAttnResPrepare) and its autograd.
+"""The autograd of torch op `attnres::block_attn_res_prepare` (GE type BlockAttnResPrepare); the op itself is
+defined from its registry entry (op_common.define_op).
 
     block_attn_res_prepare(block_res [T, N, D], valid_blocks [1] uint64, pseudo_query [S, D], *, eps)
         -> (numerator [S, T, D], logit_max [S, T], exp_sum [S, T]), all float32
@@ -15,25 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from attnres_ge.ge_plugin.op_common import define_op, fake_outputs, register_gradient_in_python, run_eager
+from attnres_ge.ge_plugin.op_common import register_gradient_in_python
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_PREPARE as OP
 from attnres_ge.op_kernel.reference import LOWEST_FLOAT32
 from attnres_ge.op_proto.op_def import float32
 
-NAME = OP.name
-SCHEMA = (
-    "(Tensor block_res, Tensor valid_blocks, Tensor pseudo_query, *, float eps=1e-06) "
-    "-> (Tensor numerator, Tensor logit_max, Tensor exp_sum)"
-)
 GRAD_DTYPE = torch.float64  # the backward's arithmetic; its results are rounded to float32 once
-
-
-def _cpu(block_res, valid_blocks, pseudo_query, *, eps=1e-6):
-    return run_eager(OP.kernel, (block_res, valid_blocks, pseudo_query), {"eps": eps})
-
-
-def _fake(block_res, valid_blocks, pseudo_query, *, eps=1e-6):
-    return fake_outputs(OP.prototype, (block_res, valid_blocks, pseudo_query), {"eps": eps})
 
 
 def masked_prepare(block_res, valid_blocks, pseudo_query, eps: float, dtype: torch.dtype = GRAD_DTYPE):
@@ -81,5 +69,4 @@ class _Differentiable(torch.autograd.Function):
         return grad_block_res.to(block_res.dtype), None, grad_pseudo_query.to(pseudo_query.dtype), None
 
 
-define_op(OP, SCHEMA, _fake, _cpu)
-register_gradient_in_python(NAME, _Differentiable.apply)
+register_gradient_in_python(OP.name, _Differentiable.apply)

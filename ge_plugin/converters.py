@@ -1,4 +1,10 @@
-"""Which torch op converts with which converter, for the local GE and for torchair.
+"""The GE converters of the torch ops, derived from each op's prototype, and where they are registered.
+
+`make_converter(op, ge)` is the converter of one registry op, written once against a `ge` namespace
+(`custom_op`, `attr.Int/Float/Bool/Str`): this package's local `ge` module, or `torchair.ge` on an
+Ascend machine. It takes the torch op's arguments (the prototype's inputs, then its attributes) and
+`meta_outputs`, emits one node of the op's GE type with every prototype input, output and attribute,
+and returns the graph tensors the torch op returns (all outputs but the reference ones).
 
 Local (always): `local_converters()` maps each torch op overload to its converter bound to this
 package's `ge` module: every op of the registry (ge_plugin/ops.py), plus CANN's
@@ -14,17 +20,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
 
 from attnres_ge.ge_plugin import ge as local_ge
 from attnres_ge.ge_plugin import ops
-from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE
+from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, TorchOp
+from attnres_ge.op_proto.op_def import ATTR_KINDS
 
 
 def _overload(namespace: str, op_name: str):
@@ -35,12 +43,55 @@ def _overload(namespace: str, op_name: str):
         return None
 
 
+def make_converter(op: TorchOp, ge: ModuleType, attr_names: Sequence[str] | None = None) -> Callable:
+    """The converter of `op`'s torch op, emitting through `ge`. `attr_names`: how the torch op spells the
+    prototype's attributes (CANN's torch ops: `op.cann_attr_names`); None: as the prototype does."""
+    proto = op.prototype
+    attr_names = tuple(attr.name for attr in proto.attrs) if attr_names is None else tuple(attr_names)
+    signature = _converter_signature(op, attr_names)
+    output_names = proto.output_names()
+    returned = [output_names.index(name) for name in op.returned_outputs()]
+
+    def convert(*arguments, **keywords):
+        bound = signature.bind(*arguments, **keywords)
+        bound.apply_defaults()
+        values = bound.arguments
+        attrs = {attr.name: getattr(ge.attr, attr.kind)(ATTR_KINDS[attr.kind](values[spelled]))
+                 for attr, spelled in zip(proto.attrs, attr_names, strict=True)}
+        outputs = ge.custom_op(proto.op_type, inputs={arg.name: values[arg.name] for arg in proto.inputs},
+                               outputs=output_names, attrs=attrs)
+        outputs = (outputs,) if len(output_names) == 1 else tuple(outputs)
+        picked = tuple(outputs[index] for index in returned)
+        return picked[0] if len(picked) == 1 else picked
+
+    convert.__signature__ = signature
+    convert.__name__ = convert.__qualname__ = f"convert_{op.name}"
+    convert.__doc__ = f"Graph tensors -> GE node {proto.op_type}: {proto.summary}"
+    return convert
+
+
+def _converter_signature(op: TorchOp, attr_names: tuple[str, ...]) -> inspect.Signature:
+    """The torch op's arguments as Python parameters (tensors, then attributes with their defaults),
+    then `meta_outputs`, which torchair passes."""
+    positional, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    tensors = [inspect.Parameter(arg.name, positional, default=None if arg.presence == "optional" else
+                                 inspect.Parameter.empty) for arg in op.prototype.inputs]
+    attr_kind = keyword if op.keyword_only_attrs else positional
+    attrs = [inspect.Parameter(name, attr_kind, default=inspect.Parameter.empty if attr.default is None else
+                               attr.default) for attr, name in zip(op.prototype.attrs, attr_names, strict=True)]
+    return inspect.Signature([*tensors, *attrs, inspect.Parameter("meta_outputs", keyword, default=None)])
+
+
 def _converter_makers() -> list[tuple[object, Callable[[ModuleType], Callable]]]:
     """(torch op overload, converter factory taking a `ge` namespace) for every op loaded now."""
-    pairs = [(_overload(NAMESPACE, op.name), op.converter.make_converter) for op in ops.OPS]
-    pairs += [(_overload(CANN_NAMESPACE, op.name), op.converter.make_cann_converter) for op in ops.OPS
-              if hasattr(op.converter, "make_cann_converter")]
-    return [(op, make) for op, make in pairs if op is not None]
+    pairs = [(_overload(NAMESPACE, op.name), _maker(op, None)) for op in ops.OPS]
+    pairs += [(_overload(CANN_NAMESPACE, op.name), _maker(op, op.cann_attr_names)) for op in ops.OPS
+              if op.cann_attr_names is not None]
+    return [(overload, make) for overload, make in pairs if overload is not None]
+
+
+def _maker(op: TorchOp, attr_names: Sequence[str] | None) -> Callable[[ModuleType], Callable]:
+    return lambda ge: make_converter(op, ge, attr_names)
 
 
 def local_converters() -> dict[object, Callable]:

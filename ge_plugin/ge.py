@@ -26,6 +26,7 @@ import torch
 
 from attnres_ge.ge_plugin import ge_attr as attr
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, DataType, GraphDef, OpDef, TensorDescriptor
+from attnres_ge.ge_plugin.ops import op_for_type
 from attnres_ge.op_proto import WHERE_PROTOTYPE
 from attnres_ge.op_proto.op_def import Checker, OpPrototype, TensorArg
 
@@ -229,9 +230,6 @@ def custom_op(
 
 
 def _lookup_prototype(op_type: str, checker: Checker) -> OpPrototype:
-    # Imported here: the registry imports the converters, which import this module.
-    from attnres_ge.ge_plugin.ops import op_for_type
-
     try:
         return op_for_type(op_type).prototype
     except KeyError as error:

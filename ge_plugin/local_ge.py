@@ -48,6 +48,7 @@ from attnres_ge.ge_plugin import cpp_entry, ge_attr
 from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
 from attnres_ge.ge_plugin.ops import op_for_type
+from attnres_ge.ge_plugin.references import check_references_not_aliased, publish_reference_update
 from attnres_ge.op_host.tiling_base import CompileInfo
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_kernel.buffer_pool import BufferPool
@@ -170,9 +171,6 @@ class CompiledGraph:
     def _run_op_in_place(self, op: CompiledOp, plan: ShapePlan, args: list, tensors: list) -> list[torch.Tensor]:
         """A node with reference outputs, as the eager op runs it: the kernel writes each into its input
         (the contiguous copy where the fed tensor is not contiguous, copied back after), which is the output."""
-        # The eager op's own rules, imported here: the local GE does not load the eager ops' module.
-        from attnres_ge.ge_plugin.op_common import check_references_not_aliased, publish_reference_update
-
         try:  # as eager refuses it: the kernel would read what it has already overwritten
             check_references_not_aliased(op.prototype, args, WHERE_GRAPH)
         except AttnResInputError as error:

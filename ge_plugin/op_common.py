@@ -1,7 +1,8 @@
 """What the torch ops share: their library, their registration, eager and fake implementations.
 
-Every op is defined on one torch.library.Library (namespace `attnres`) by `define_op`, which
-registers its fake implementation (register_fake) and its CPU kernel. The CPU kernel is the
+Every op of the registry is defined on one torch.library.Library (namespace `attnres`) by
+`define_op`, which derives its schema from the prototype (ops.TorchOp.schema) and registers its fake
+implementation (register_fake) and its CPU kernel, both taking the schema's arguments generically. The CPU kernel is the
 C++ one of ge_plugin/csrc when that extension is built (`CPP_ENTRY`): it runs a repeated input
 signature without entering Python. Its first call of each signature, and every call when it is
 not built, runs `run_eager` here; the local GE's compiled nodes use the same extension.
@@ -22,11 +23,11 @@ import torch
 
 from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.ops import NAMESPACE, TorchOp
+from attnres_ge.ge_plugin.references import check_references_not_aliased, publish_reference_update
 from attnres_ge.op_kernel import KERNELS, OpKernel
 from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, default_runtime
 from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
-from attnres_ge.op_proto.op_def import Checker
 
 LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -53,46 +54,6 @@ def _launch(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping):
 def run_eager(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
     """Validate and tile (once per signature), allocate contiguous outputs, run the kernel."""
     return _launch(op, tensors, attrs)[0]
-
-
-def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
-    """[first, last) bytes of its storage that `tensor` may touch; (0, 0) for an empty tensor."""
-    if tensor.numel() == 0:
-        return 0, 0
-    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-    first = tensor.storage_offset() * tensor.element_size()
-    return first, first + extent * tensor.element_size()
-
-
-def _overlap(first: torch.Tensor, second: torch.Tensor) -> bool:
-    """Whether two tensors may share memory (the same storage, intersecting byte ranges)."""
-    if first.untyped_storage()._cdata != second.untyped_storage()._cdata:
-        return False
-    (a0, a1), (b0, b1) = _byte_span(first), _byte_span(second)
-    return a0 < b1 and b0 < a1
-
-
-def check_references_not_aliased(proto: OpPrototype, tensors: Sequence[torch.Tensor], where: str) -> None:
-    """An input the op updates in place (a reference output) must share no memory with another input:
-    the kernel would read values it has already overwritten."""
-    names = proto.input_names()
-    checker = Checker(proto.op_type, where)
-    for reference in proto.reference_outputs():
-        updated = tensors[names.index(reference)]
-        for name, other in zip(names, tensors, strict=True):
-            if name != reference and isinstance(other, torch.Tensor) and _overlap(updated, other):
-                checker.fail(f"{reference} is updated in place and must not share memory with {name}, but both "
-                             f"view one storage ({reference} {list(updated.shape)}, {name} {list(other.shape)})")
-
-
-def publish_reference_update(fed: torch.Tensor, written: torch.Tensor) -> None:
-    """After a kernel wrote a reference output into `written` (the tensor fed as its input, or that tensor's
-    contiguous copy): copy it into the fed tensor, or, written in place through its data pointer, bump the
-    fed tensor's version, so that autograd sees the change either way."""
-    if written is not fed:
-        fed.copy_(written)
-    else:
-        torch.autograd.graph.increment_version(fed)
 
 
 def run_eager_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple[torch.Tensor, ...]:
@@ -149,17 +110,48 @@ def _install_cpp_entry() -> bool:
 CPP_ENTRY = _install_cpp_entry()
 
 
-def define_op(op: TorchOp, schema: str, fake: Callable, python_cpu: Callable) -> None:
-    """Define torch.ops.attnres.<op.name> with `schema`, its fake implementation and its CPU kernel:
-    the C++ entry's where it is built, else `python_cpu`, which calls run_eager (run_eager_in_place for an
-    op with reference outputs)."""
-    LIBRARY.define(op.name + schema)
+def define_op(op: TorchOp) -> None:
+    """Define torch.ops.attnres.<op.name> from its entry: the schema its prototype gives, the fake
+    implementation (the prototype's validation, empty outputs) and the CPU kernel: the C++ entry's where
+    it is built, else the Python one (run_eager, or run_eager_in_place for an op with reference outputs)."""
+    LIBRARY.define(op.name + op.schema())
+    eager, fake = _implementations(op)
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
     _eager_ops[op.name] = op.kernel
     if CPP_ENTRY:
         cpp_entry.MODULE.register_eager(op.name)
     else:
-        LIBRARY.impl(op.name, python_cpu, "CPU")
+        LIBRARY.impl(op.name, eager, "CPU")
+
+
+def _implementations(op: TorchOp) -> tuple[Callable, Callable]:
+    """(eager, fake) implementations of the torch op, taking its arguments as the schema orders them.
+
+    The dispatcher may leave out arguments at their defaults; binding the attributes fills them in from
+    the prototype, whose defaults the schema was written from."""
+    proto = op.prototype
+    tensor_count = len(proto.inputs)
+    attr_names = [attr.name for attr in proto.attrs]
+    run = run_eager_in_place if proto.reference_outputs() else run_eager
+    single = len(op.returned_outputs()) == 1
+
+    def split(arguments: tuple, keywords: dict) -> tuple[tuple, dict]:
+        attrs = dict(zip(attr_names, arguments[tensor_count:], strict=False))
+        attrs.update(keywords)
+        return arguments[:tensor_count], attrs
+
+    def returned(outputs: tuple) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return outputs[0] if single else outputs
+
+    def eager(*arguments, **keywords):
+        tensors, attrs = split(arguments, keywords)
+        return returned(run(op.kernel, tensors, attrs))
+
+    def fake(*arguments, **keywords):
+        tensors, attrs = split(arguments, keywords)
+        return returned(fake_outputs(proto, tensors, attrs))
+
+    return eager, fake
 
 
 def register_gradient_in_python(op_name: str, on_gradient: Callable) -> None:
@@ -193,11 +185,9 @@ def forget_cached_launches() -> None:
 __all__ = [
     "CPP_ENTRY",
     "LIBRARY",
-    "check_references_not_aliased",
     "define_op",
     "fake_outputs",
     "forget_cached_launches",
-    "publish_reference_update",
     "register_gradient_in_python",
     "run_eager",
     "run_eager_in_place",

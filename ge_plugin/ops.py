@@ -1,23 +1,20 @@
-"""The ops of this package: one entry each, which the converters, the local GE, the NPU dispatch
-and the prototype export iterate.
+"""The ops of this package: one entry each, which the torch op definitions, the converters, the local GE,
+the NPU dispatch, the CLI, the benchmark and the prototype export iterate.
 
-An entry joins an op's layers: its kernels (op_kernel/<op>.py's KERNEL, which carries its
-prototype and tiling), its torch op name and its converter module. Adding an op means writing
-its files in each layer and one entry here; its torch op module (ge_plugin/<op>.py, imported by
-ge_plugin/__init__) defines the torch op from its entry.
+An entry joins an op's layers: its kernels (op_kernel/<op>.py's KERNEL, which carries its prototype
+and tiling), its torch op name and how its torch schema spells what the prototype holds. Everything
+else about the op is derived from the prototype: the torch schema (`TorchOp.schema`), the eager and
+fake implementations (op_common.define_op) and the GE converter (converters.make_converter). Adding
+an op means writing its files in each layer and one entry in OPS.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
-from attnres_ge.ge_plugin import (
-    block_attention_residuals_converter,
-    block_attention_residuals_grad_converter,
-    block_attn_res_prepare_converter,
-    block_attn_res_update_converter,
-)
+import torch
+
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
@@ -27,18 +24,35 @@ from attnres_ge.op_proto import OpPrototype
 
 NAMESPACE = "attnres"  # the torch ops are torch.ops.attnres.<name>
 CANN_NAMESPACE = "cann_ops_transformer"  # CANN's own (eager-only) torch ops, of the same names, on Ascend
+# A prototype attribute's kind -> its type in a torch schema.
+SCHEMA_TYPES = {"Int": "int", "Float": "float", "Bool": "bool", "Str": "str"}
+
+# (dims by letter, dtype) -> (input tensors, attributes): one call of the op, for the benchmark.
+BenchInputs = Callable[[dict[str, int], torch.dtype], tuple[tuple[torch.Tensor, ...], dict]]
 
 
 @dataclass(frozen=True)
 class TorchOp:
-    """One op as PyTorch and GE graphs see it: its kernels (prototype, tiling), the torch op name
-    (`torch.ops.attnres.<name>`, also the name of CANN's own torch op under
-    `torch.ops.cann_ops_transformer` where CANN ships one) and its converter module
-    (`make_converter(ge)`, and `make_cann_converter(ge)` for an op CANN ships)."""
+    """One op as PyTorch and GE graphs see it.
+
+    kernel             its kernels, prototype and tiling
+    name               the torch op name: torch.ops.attnres.<name>
+    keyword_only_attrs the schema lists the attributes after `*` (as CANN's torch op does)
+    named_outputs      the schema names its returns
+    cann_attr_names    where CANN ships torch.ops.cann_ops_transformer.<name>: its spelling of the
+                       prototype's attributes, in prototype order (None: CANN ships no torch op)
+    autograd           the module that registers the op's derivative (or its refusal to have one),
+                       imported once every op is defined; None: the op has no Autograd kernel of its own
+    bench_inputs       inputs for `attnres-ge bench --ops <name>` (None: the op is not benchmarked generically)
+    """
 
     kernel: OpKernel
     name: str
-    converter: ModuleType
+    keyword_only_attrs: bool = False
+    named_outputs: bool = False
+    cann_attr_names: tuple[str, ...] | None = None
+    autograd: str | None = None
+    bench_inputs: BenchInputs | None = None
 
     @property
     def op_type(self) -> str:
@@ -48,17 +62,58 @@ class TorchOp:
     def prototype(self) -> OpPrototype:
         return self.kernel.prototype
 
+    def returned_outputs(self) -> list[str]:
+        """The outputs the torch op returns, in order: all but the reference outputs (inputs updated in place)."""
+        return [arg.name for arg in self.prototype.outputs if not self.prototype.is_reference_output(arg.name)]
 
-BLOCK_ATTENTION_RESIDUALS = TorchOp(FORWARD_KERNEL, "block_attention_residuals", block_attention_residuals_converter)
-BLOCK_ATTENTION_RESIDUALS_GRAD = TorchOp(BACKWARD_KERNEL, "block_attention_residuals_backward",
-                                         block_attention_residuals_grad_converter)
+    def schema(self) -> str:
+        """The torch schema, without the name: `(arguments) -> returns`, from the prototype."""
+        proto = self.prototype
+        arguments = [_tensor_argument(arg.name, arg.presence, proto.is_reference_output(arg.name))
+                     for arg in proto.inputs]
+        attributes = [_attribute_argument(attr.name, attr.kind, attr.default) for attr in proto.attrs]
+        if self.keyword_only_attrs and attributes:
+            attributes.insert(0, "*")
+        returns = [f"Tensor {name}" if self.named_outputs else "Tensor" for name in self.returned_outputs()]
+        returned = returns[0] if len(returns) == 1 else f"({', '.join(returns)})"
+        return f"({', '.join(arguments + attributes)}) -> {returned}"
+
+
+def _tensor_argument(name: str, presence: str, updated_in_place: bool) -> str:
+    if presence == "dynamic":
+        raise NotImplementedError(f"input {name}: a dynamic (list) input has no torch schema form here yet")
+    alias = "(a!)" if updated_in_place else ""
+    return f"Tensor{alias}? {name}=None" if presence == "optional" else f"Tensor{alias} {name}"
+
+
+def _attribute_argument(name: str, kind: str, default) -> str:
+    declared = f"{SCHEMA_TYPES[kind]} {name}"
+    if default is None:
+        return declared
+    return f'{declared}="{default}"' if kind == "Str" else f"{declared}={default!r}"
+
+
+BLOCK_ATTENTION_RESIDUALS = TorchOp(
+    FORWARD_KERNEL, "block_attention_residuals", cann_attr_names=("validBlockNum", "normEps", "needBackward"),
+    autograd="attnres_ge.ge_plugin.block_attention_residuals")
+BLOCK_ATTENTION_RESIDUALS_GRAD = TorchOp(
+    BACKWARD_KERNEL, "block_attention_residuals_backward", keyword_only_attrs=True,
+    cann_attr_names=("valid_block_num",), autograd="attnres_ge.ge_plugin.block_attention_residuals_grad")
 
 # The two-phase pair (CANN's names: cann_ops_transformer.block_attn_res_prepare / _update).
-BLOCK_ATTN_RES_PREPARE = TorchOp(PREPARE_KERNEL, "block_attn_res_prepare", block_attn_res_prepare_converter)
-BLOCK_ATTN_RES_UPDATE = TorchOp(UPDATE_KERNEL, "block_attn_res_update", block_attn_res_update_converter)
+BLOCK_ATTN_RES_PREPARE = TorchOp(
+    PREPARE_KERNEL, "block_attn_res_prepare", keyword_only_attrs=True, named_outputs=True, cann_attr_names=("eps",),
+    autograd="attnres_ge.ge_plugin.block_attn_res_prepare")
+BLOCK_ATTN_RES_UPDATE = TorchOp(
+    UPDATE_KERNEL, "block_attn_res_update", keyword_only_attrs=True, cann_attr_names=("eps",),
+    autograd="attnres_ge.ge_plugin.block_attn_res_update")
 
-OPS: tuple[TorchOp, ...] = (BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD, BLOCK_ATTN_RES_PREPARE,
-                            BLOCK_ATTN_RES_UPDATE)
+OPS: tuple[TorchOp, ...] = (
+    BLOCK_ATTENTION_RESIDUALS,
+    BLOCK_ATTENTION_RESIDUALS_GRAD,
+    BLOCK_ATTN_RES_PREPARE,
+    BLOCK_ATTN_RES_UPDATE,
+)
 
 
 def op_for_type(op_type: str) -> TorchOp:
@@ -67,3 +122,11 @@ def op_for_type(op_type: str) -> TorchOp:
         if op.op_type == op_type:
             return op
     raise KeyError(f"no op registered for op type {op_type!r}; known: {sorted(op.op_type for op in OPS)}")
+
+
+def op_named(name: str) -> TorchOp:
+    """The entry whose torch op name or GE op type is `name`; KeyError names the known ones."""
+    for op in OPS:
+        if name in (op.name, op.op_type):
+            return op
+    raise KeyError(f"no op named {name!r}; known: {sorted(op.name for op in OPS)}")

@@ -54,6 +54,22 @@ class TensorArg:
         """The dtypes an eager, fake or local-GE call may pass for this tensor."""
         return self.dtypes if self.cpu_dtypes is None else self.cpu_dtypes
 
+    def letters(self) -> set[str]:
+        """The dimension letters of the layout's first form, e.g. {"T", "N"} for "[T, N+1] or [0]"."""
+        return {term for dim in _layout_dims(self.layout) for term in dim.split("+") if term.isalpha()}
+
+    def example_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        """The layout's first form with `dims` put in for its letters ("[T, N+1]" with T=4, N=2: (4, 3))."""
+        return tuple(sum(dims[term] if term.isalpha() else int(term) for term in dim.split("+"))
+                     for dim in _layout_dims(self.layout))
+
+
+def _layout_dims(layout: str) -> list[str]:
+    """The dims of a layout's first form, spaces removed: "[1, H] or [H]" -> ["1", "H"]."""
+    first = layout.split(" or ")[0].strip()
+    inside = first[first.index("[") + 1:first.index("]")]
+    return [dim.replace(" ", "") for dim in inside.split(",") if dim.strip()]
+
 
 @dataclass(frozen=True)
 class AttrArg:
@@ -227,6 +243,21 @@ class OpPrototype:
 
     def output_names(self) -> list[str]:
         return [arg.name for arg in self.outputs]
+
+    def letters(self) -> list[str]:
+        """Every dimension letter of the inputs' layouts, sorted."""
+        return sorted(set().union(*(arg.letters() for arg in self.inputs)))
+
+    def example_metas(self, dims: Mapping[str, int], dtype: torch.dtype) -> dict[str, TensorMeta]:
+        """Input metas of the layouts' first forms for `dims` (a letter -> size map covering letters()); each
+        input takes `dtype` where it accepts it, else its first accepted dtype. For tools (the CLI's tiling)."""
+        missing = [letter for letter in self.letters() if letter not in dims]
+        if missing:
+            Checker(self.op_type, WHERE_PROTOTYPE).fail(
+                f"the input layouts use dims {', '.join(self.letters())}; missing {', '.join(missing)}")
+        return {arg.name: TensorMeta(arg.example_shape(dims),
+                                     dtype if dtype in arg.accepted_dtypes else arg.accepted_dtypes[0])
+                for arg in self.inputs}
 
     def input_metas(self, tensors: Sequence[torch.Tensor], where: str = WHERE_PROTOTYPE) -> dict[str, TensorMeta]:
         """The TensorMeta of each input tensor, by prototype input name (after check_tensors)."""

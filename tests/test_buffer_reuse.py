@@ -23,9 +23,12 @@ import torch
 import attnres_ge  # noqa: F401
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import ge
-from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
+from attnres_ge.ge_plugin.converters import make_converter
 from attnres_ge.ge_plugin.local_ge import compile_graph
 from attnres_ge.ge_plugin.op_common import CPP_ENTRY
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS
+
+convert_block_attention_residuals = make_converter(BLOCK_ATTENTION_RESIDUALS, ge)
 
 T, N, H = 8, 3, 64
 RUNNERS = ["cpp-node", "python-pool", "python-kernels"]
@@ -126,7 +129,9 @@ CRASH_SCRIPT = """
 import torch, attnres_ge
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import ge
-from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
+from attnres_ge.ge_plugin.converters import make_converter
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS
+convert_block_attention_residuals = make_converter(BLOCK_ATTENTION_RESIDUALS, ge)
 from attnres_ge.ge_plugin.local_ge import compile_graph
 
 T, N, H = 512, 4, 1024  # outputs of 2 MiB: a write into a freed slot lands far outside the heap's slack

@@ -7,9 +7,12 @@ import torch
 
 import attnres_ge  # noqa: F401
 from attnres_ge.ge_plugin import ge, ge_attr, ge_ir
-from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
-from attnres_ge.ge_plugin.block_attention_residuals_grad_converter import convert_block_attention_residuals_backward
+from attnres_ge.ge_plugin.converters import make_converter
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD
 from attnres_ge.op_proto import AttnResInputError
+
+convert_block_attention_residuals = make_converter(BLOCK_ATTENTION_RESIDUALS, ge)
+convert_block_attention_residuals_backward = make_converter(BLOCK_ATTENTION_RESIDUALS_GRAD, ge)
 
 T, N, H = 5, 3, 8
 FORWARD_INPUTS = ["partial_block", "block_res", "proj_weight", "norm_weight"]

@@ -15,14 +15,17 @@ from google.protobuf import text_format
 import attnres_ge  # noqa: F401
 import attnres_ge.op_kernel as op_kernel
 from attnres_ge.ge_plugin import ge, ge_ir
-from attnres_ge.ge_plugin.block_attention_residuals_converter import convert_block_attention_residuals
-from attnres_ge.ge_plugin.block_attention_residuals_grad_converter import convert_block_attention_residuals_backward
+from attnres_ge.ge_plugin.converters import make_converter
 from attnres_ge.ge_plugin.local_ge import GraphCompileError, GraphRunError, compile_graph
 from attnres_ge.ge_plugin.op_common import CPP_ENTRY
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD
 from attnres_ge.op_host import block_attention_residuals_tiling as forward_tiling
 from attnres_ge.op_host.platform import PlatformInfo
 from attnres_ge.op_kernel.launcher import HostRuntime
 from attnres_ge.op_proto import AttnResInputError
+
+convert_block_attention_residuals = make_converter(BLOCK_ATTENTION_RESIDUALS, ge)
+convert_block_attention_residuals_backward = make_converter(BLOCK_ATTENTION_RESIDUALS_GRAD, ge)
 
 F32 = torch.float32
 SOME_HOST = host(4, 1024 * 1024)  # the graphs' results are the same on every host

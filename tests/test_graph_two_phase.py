@@ -14,12 +14,14 @@ from torch._dynamo.utils import counters
 
 import attnres_ge
 from attnres_ge.ge_plugin import ge, ge_ir
-from attnres_ge.ge_plugin.block_attn_res_update_converter import convert_block_attn_res_update
-from attnres_ge.ge_plugin.converters import local_converters
+from attnres_ge.ge_plugin.converters import local_converters, make_converter
 from attnres_ge.ge_plugin.local_ge import compile_graph
 from attnres_ge.ge_plugin.op_common import CPP_ENTRY
+from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_UPDATE
 from attnres_ge.op_kernel.launcher import HostRuntime
 from attnres_ge.op_proto import PREPARE, UPDATE, AttnResInputError
+
+convert_block_attn_res_update = make_converter(BLOCK_ATTN_RES_UPDATE, ge)
 
 T, N, S, D = 7, 3, 2, 16
 EPS = 1e-5

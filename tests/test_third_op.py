@@ -1,39 +1,58 @@
-"""A third op added without editing shared code (README, "One op, one unit"): tests/third_op/scaled_add.py
-writes each layer's piece and appends its registry entry; eager calls, fake tensors, the torch.compile
-backend (converter, local GE, launcher) and validation then work for it as for the two Block AttnRes ops.
-In a fresh process with the Python kernels, since the op has no native kernel and its torch op stays
-defined for the life of the process."""
+"""A new op is its own files plus one entry in the op registry (docs/architecture.md, "How to add an op").
+
+In a copy of the repository, the toy op ScaledAdd (z = x + alpha * y; tests/third_op/scaled_add/, laid out
+as the layers are) is dropped into op_proto/, op_host/ and op_kernel/, and its entry is added to
+ge_plugin/ops.py; git then shows that file as the only one edited. In a fresh process of that copy, with the
+Python kernels (the toy op has no native kernel), everything that iterates the registry picks the op up:
+its torch op (schema, eager and fake implementations derived from the prototype), the converter and the
+local GE under torch.compile, validation, the CLI's `tiling` and `export-proto`, and the benchmark.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import pytest
+
+import attnres_ge
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = Path(__file__).resolve().parent / "third_op" / "scaled_add"
+REGISTRY = "ge_plugin/ops.py"
+# The op's registry entry: where it is inserted in ge_plugin/ops.py (after the line that starts with the key).
+ENTRY_LINES = {
+    "from attnres_ge.op_kernel.block_attn_res_update import": "from attnres_ge.op_kernel import scaled_add",
+    "    BLOCK_ATTN_RES_UPDATE,": '    TorchOp(scaled_add.KERNEL, "scaled_add", bench_inputs=scaled_add.bench_inputs),',
+}
 
 SCRIPT = textwrap.dedent(
     """
+    import io
     import sys
+    from contextlib import redirect_stdout
     from pathlib import Path
 
     import torch
 
     import attnres_ge
-    sys.path.insert(0, sys.argv[1])
-    import scaled_add
+    from attnres_ge import cli
     from attnres_ge.op_proto import AttnResInputError
 
+    assert Path(attnres_ge.__file__).resolve().is_relative_to(Path.cwd()), attnres_ge.__file__
     x, y = torch.randn(6, 40), torch.randn(6, 40)
     expected = torch.add(x, y, alpha=0.5)
     assert torch.equal(torch.ops.attnres.scaled_add(x, y, 0.5), expected), "eager"
+    assert torch.equal(torch.ops.attnres.scaled_add(x, y, alpha=0.5), expected), "eager, attribute by name"
 
-    backend = attnres_ge.ge_backend(dump_path=sys.argv[2])
+    backend = attnres_ge.ge_backend(dump_path=sys.argv[1])
     compiled = torch.compile(lambda a, b: torch.ops.attnres.scaled_add(a, b, 0.5) * 2, backend=backend)
     assert torch.equal(compiled(x, y), expected * 2), "graph"
-    dumps = list(Path(sys.argv[2]).glob("*.pbtxt"))
+    dumps = list(Path(sys.argv[1]).glob("*.pbtxt"))
     assert any('type: "ScaledAdd"' in path.read_text() for path in dumps), "no GE graph held the op"
 
     try:
@@ -42,14 +61,78 @@ SCRIPT = textwrap.dedent(
         assert "ScaledAdd" in str(error) and "y" in str(error), error
     else:
         raise AssertionError("a bad shape was accepted")
+
+    def cli_output(*argv):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert cli.main(list(argv)) == 0, argv
+        return out.getvalue()
+
+    tiling = cli_output("tiling", "--op", "scaled_add", "--shape", "T=6,H=40", "--attr", "alpha=0.25")
+    assert "op             ScaledAdd" in tiling and "alpha                0.25" in tiling, tiling
+    assert "scaled_add_proto.h" in cli_output("export-proto", "--out", sys.argv[1])
+    assert "scaled_add" in cli_output("bench", "--list")
+    bench = cli_output("bench", "--ops", "scaled_add", "--shape", "T=64,H=64", "--rounds", "3", "--retries", "0")
+    assert "scaled_add" in bench and "op-eager" in bench and "op-graph" in bench, bench
     print("third op ok")
     """
 )
 
 
-def test_a_third_op_needs_only_its_own_files_and_a_registry_entry(tmp_path):
+def copy_of_repository(destination: Path) -> None:
+    """The repository's tracked files (and its built extensions, which git ignores), committed in a new git
+    repository at `destination`."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
+    built = [path.relative_to(REPO) for folder in ("op_kernel", "ge_plugin") for path in (REPO / folder).glob("*.so")]
+    for relative in [*tracked.stdout.split("\0"), *map(str, built)]:
+        if relative and (REPO / relative).is_file():
+            (destination / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / relative, destination / relative)
+    git(destination, "init", "-q")
+    git(destination, "add", "-A")
+    git(destination, "commit", "-q", "-m", "the repository as it is")
+
+
+def git(where: Path, *args: str) -> str:
+    command = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", *args]
+    return subprocess.run(command, cwd=where, capture_output=True, text=True, check=True).stdout
+
+
+def add_the_toy_op(repository: Path) -> None:
+    """Its own files into their layers, its entry into the registry: nothing else."""
+    for source in TOY.rglob("*"):
+        if source.is_file() and "__pycache__" not in source.parts:
+            target = repository / source.relative_to(TOY)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    lines = (repository / REGISTRY).read_text().splitlines()
+    for key, entry in ENTRY_LINES.items():
+        (index,) = [i for i, line in enumerate(lines) if line.startswith(key)]
+        lines.insert(index + 1, entry)
+    (repository / REGISTRY).write_text("\n".join(lines) + "\n")
+
+
+def installed_from_a_wheel() -> bool:
+    """True when the attnres_ge under test is an installed wheel, which a copy of the repository cannot
+    replace (attnres_ge/_checkout.py loads the installed copy in its place)."""
+    return (Path(attnres_ge.__file__).resolve().parent / "ge_plugin").is_dir()
+
+
+@pytest.mark.skipif(installed_from_a_wheel(), reason="needs the package from a checkout (make test-main runs it)")
+def test_a_new_op_is_its_own_files_and_one_registry_entry(tmp_path):
+    repository = tmp_path / "repository"
+    copy_of_repository(repository)
+    add_the_toy_op(repository)
+
+    changed = sorted(git(repository, "status", "--porcelain", "--untracked-files=all").splitlines())
+    assert changed == [f" M {REGISTRY}", "?? op_host/scaled_add_tiling.py", "?? op_kernel/scaled_add.py",
+                       "?? op_proto/scaled_add.py"]
+    diff = git(repository, "diff", "--unified=0", REGISTRY).splitlines()
+    edits = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert edits == [f"+{entry}" for entry in ENTRY_LINES.values()]
+
     env = dict(os.environ, ATTNRES_GE_KERNEL="python")
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE / "third_op"), str(tmp_path)], env=env,
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out")], cwd=repository, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "third op ok" in result.stdout

@@ -18,9 +18,11 @@ import torchair_standin
 from interop_helpers import compile_and_capture, make_inputs, node_signature, only_op
 from torchair._ge_concrete_graph.fx2ge_converter import _get_converter
 
-from attnres_ge.ge_plugin.block_attention_residuals import SCHEMA as FORWARD_SCHEMA
-from attnres_ge.ge_plugin.block_attention_residuals_grad import SCHEMA as BACKWARD_SCHEMA
+from attnres_ge.ge_plugin.ops import BLOCK_ATTENTION_RESIDUALS, BLOCK_ATTENTION_RESIDUALS_GRAD
 from attnres_ge.op_proto import BACKWARD, FORWARD
+
+FORWARD_SCHEMA = BLOCK_ATTENTION_RESIDUALS.schema()
+BACKWARD_SCHEMA = BLOCK_ATTENTION_RESIDUALS_GRAD.schema()
 
 T, N, H = 6, 2, 16
 NORM_EPS = 1e-5

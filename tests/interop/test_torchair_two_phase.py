@@ -24,9 +24,11 @@ from interop_helpers import (
 from torchair._ge_concrete_graph.fx2ge_converter import _get_converter
 from torchair._ge_concrete_graph.ge_ir_pb2 import DataType as ProtoDataType
 
-from attnres_ge.ge_plugin.block_attn_res_prepare import SCHEMA as PREPARE_SCHEMA
-from attnres_ge.ge_plugin.block_attn_res_update import SCHEMA as UPDATE_SCHEMA
+from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_PREPARE, BLOCK_ATTN_RES_UPDATE
 from attnres_ge.op_proto import PREPARE, UPDATE
+
+PREPARE_SCHEMA = BLOCK_ATTN_RES_PREPARE.schema()
+UPDATE_SCHEMA = BLOCK_ATTN_RES_UPDATE.schema()
 
 T, N, S, D = 5, 3, 2, 8
 EPS = 1e-5

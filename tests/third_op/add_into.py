@@ -1,18 +1,18 @@
 """A stand-in op with a reference output, for the graph path's in-place support before (and apart from)
 BlockAttnResUpdate: AddInto, x += y in place, z = alpha * x (the new x), on [T, H] float32 tensors.
-Its torch schema is `add_into(Tensor(a!) x, Tensor y, float alpha=1.0) -> Tensor`; its GE outputs are
-(x, z), x being the reference tensor. Each layer's piece is here in one file (see scaled_add.py); run by
-tests/test_graph_reference_output.py in a fresh process with the Python kernels."""
+Its torch schema, derived from the prototype, is `add_into(Tensor(a!) x, Tensor y, float alpha=1.0) -> Tensor`;
+its GE outputs are (x, z), x being the reference tensor. Each layer's piece is here in one file, its registry
+entry added from outside, and the torch op defined as ge_plugin/__init__.py defines every op of the registry;
+run by tests/test_graph_reference_output.py in a fresh process with the Python kernels."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
 from attnres_ge.ge_plugin import ops
-from attnres_ge.ge_plugin.op_common import LIBRARY, fake_outputs, run_eager
+from attnres_ge.ge_plugin.op_common import define_op
 from attnres_ge.op_host.tiling_base import OpTiling, TilingRecord, TilingResult, tiling_parse
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_proto.op_def import AttrArg, Checker, OpPrototype, TensorArg
@@ -67,29 +67,6 @@ def add_into_kernel(x, y, x_out, z, workspace, tiling_data):
 KERNEL = OpKernel(TILING, add_into_kernel)
 
 
-def make_converter(ge):
-    def convert_add_into(x, y, alpha: float = 1.0, meta_outputs=None):
-        _, z = ge.custom_op(OP_TYPE, inputs={"x": x, "y": y}, outputs=["x", "z"], attrs={"alpha": ge.attr.Float(alpha)})
-        return z
-
-    return convert_add_into
-
-
-OP = ops.TorchOp(KERNEL, NAME, SimpleNamespace(make_converter=make_converter))
+OP = ops.TorchOp(KERNEL, NAME)
 ops.OPS = (*ops.OPS, OP)
-
-
-# The torch op, defined directly (define_op's C++ entry knows no in-place argument).
-def _cpu(x, y, alpha=1.0):
-    x_new, z = run_eager(KERNEL, (x, y), {"alpha": alpha})
-    x.copy_(x_new)
-    return z
-
-
-def _fake(x, y, alpha=1.0):
-    return fake_outputs(PROTOTYPE, (x, y), {"alpha": alpha})[-1]  # z (x, updated in place, is no new tensor)
-
-
-LIBRARY.define(NAME + "(Tensor(a!) x, Tensor y, float alpha=1.0) -> Tensor")
-torch.library.register_fake(f"attnres::{NAME}", _fake, lib=LIBRARY)
-LIBRARY.impl(NAME, _cpu, "CPU")
+define_op(OP)
