@@ -1,4 +1,4 @@
-"""The package's layers (README, "Layout"): each folder imports only the folders below it.
+"""The package's layers (docs/architecture.md, "The layers"): each folder imports only the folders below it.
 
     op_proto -> op_host -> op_kernel -> ge_plugin -> attnres_ge and examples (the package entry: the public
     API, the CLI and its benchmark; the examples, which use the API and which the CLI runs)

@@ -1,4 +1,4 @@
-"""A third op added without editing shared code (README, "One op, one unit"): tests/third_op/scaled_add.py
+"""A third op added without editing shared code (docs/architecture.md, "How to add an op"): tests/third_op/scaled_add.py
 writes each layer's piece and appends its registry entry; eager calls, fake tensors, the torch.compile
 backend (converter, local GE, launcher) and validation then work for it as for the two Block AttnRes ops.
 In a fresh process with the Python kernels, since the op has no native kernel and its torch op stays

@@ -1,4 +1,4 @@
-"""A third op written the way the README's "One op, one unit" says, to show that shared code needs
+"""A third op written the way docs/architecture.md's "How to add an op" says, to show that shared code needs
 no edit: ScaledAdd, z = x + alpha * y on [T, H] float32 tensors. Every layer's piece is here in one
 file for the test's sake (in the package each is its own file); run by tests/test_third_op.py in
 a fresh process with the Python kernels (it has no native kernel)."""
