@@ -1,6 +1,6 @@
 """`ResidualStream`: the residual stream of a Block AttnRes model, scheduled as the paper and Kimi K3 do.
 
-The stream holds one live tensor and write-once sealed snapshots (SPEC.md, "The residual stream"):
+The stream holds one live tensor and write-once sealed snapshots (docs/using.md, "The residual stream"):
 
 - it starts with live = the embeddings and nothing sealed;
 - `read(mixer)` mixes the sealed snapshots and live with `mixer`'s pseudo-query (live alone, no op call, while
@@ -56,7 +56,7 @@ from attnres_ge.api import BlockAttnRes
 from attnres_ge.op_kernel.host_memory import empty_planned
 
 _NAME = "ResidualStream"
-_PREPARE_MAX_BLOCKS = 64  # block_attn_res_prepare's limit on N (SPEC.md)
+_PREPARE_MAX_BLOCKS = 64  # block_attn_res_prepare's limit on N (docs/contract.md)
 _TWO_PHASE_MAX_HIDDEN = 8192  # the two-phase ops' limit on D
 _FIRST_CAPACITY = 8  # slots of a growable buffer (max_blocks=None) before its first doubling
 
@@ -73,7 +73,7 @@ def _require_mixer(method: str, name: str, value) -> BlockAttnRes:
 
 
 def _pseudo_queries(readers: list[BlockAttnRes]) -> torch.Tensor:
-    """The readers' folded queries norm_weight * proj_weight [S, H], float32 products (SPEC.md, the two-phase ops)."""
+    """The readers' folded queries norm_weight * proj_weight [S, H], float32 products (docs/contract.md, two-phase)."""
     norm_weights = torch.stack([mixer.norm_weight for mixer in readers]).float()  # each [H]
     proj_weights = torch.cat([mixer.proj_weight for mixer in readers]).float()  # each [1, H]
     return norm_weights * proj_weights

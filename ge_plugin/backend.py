@@ -43,7 +43,7 @@ def ge_graph_call(compiled: CompiledGraph, single_output: bool, name: str):
     """A function running one compiled GE graph in place of an FX node, named `name` in the GraphModule's
     code; it returns the NetOutput tensors as the op did: a tuple, or the tensor itself for an op that
     returns one. A function, not a submodule: nn.Module's call costs 60 us a call once a large kernel has
-    swept the caches (docs/performance.md)."""
+    swept the caches (docs/notes/performance-runs.md)."""
     if single_output:
         def call(*tensors: torch.Tensor) -> torch.Tensor:
             return compiled(*tensors)[0]

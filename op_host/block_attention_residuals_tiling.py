@@ -38,7 +38,7 @@ TOKEN_SCALARS = 3  # inv_norm, score, prob per row
 # The host's buffer is its L2, a cache rather than a scratchpad: the second pass re-reads a
 # block's rows from it and prefetches the next block's while it computes. With one token per
 # loop its rows are the freshest in cache when re-read, and the next token's arrive during the
-# second pass (measurements: docs/performance.md).
+# second pass (measurements: docs/notes/performance-runs.md).
 HOST_TOKENS_PER_LOOP = 1
 
 

@@ -1,4 +1,4 @@
-"""ResidualStream against a float64 reference of the schedule (SPEC.md, "The residual stream"), on the per-layer
+"""ResidualStream against a float64 reference of the schedule (docs/using.md, "The residual stream"), on the per-layer
 path and, where the ops exist, the two-phase path: several block sizes, leading dims, autocast, gradients, misuse."""
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def test_gradients_equal_the_float64_schedule(layers, block_size):
                 **{name: p.grad for name, p in reference_model.named_parameters()}}
     for name, grad in actual.items():
         assert grad is not None, f"no gradient reached {name}"
-        # Weight gradients sum over tokens: relative to the tensor's largest entry (SPEC.md, "Numerics").
+        # Weight gradients sum over tokens: relative to the tensor's largest entry (docs/contract.md, "How exact").
         scale = expected[name].abs().max().item()
         torch.testing.assert_close(grad.double(), expected[name], rtol=1e-4, atol=1e-4 * max(scale, 1e-2),
                                    msg=lambda text, name=name: f"gradient of {name}: {text}")

@@ -195,7 +195,7 @@ inline void from_lane_layout(const float* lanes, int64_t hidden, float* out) {
 
 // A scratch row [size] of E placed at `phase_bytes` (a multiple of 64) from `reference` modulo
 // 4 KiB, so 64-byte aligned: the vector loads of the loops that read it every group never split a
-// cache line (malloc aligns to 16 bytes: the float32 kernels ran 3-5% slower from cache so, docs/kernels.md).
+// cache line (malloc aligns to 16 bytes: the float32 kernels ran 3-5% slower from cache so, docs/notes/kernel-variants.md).
 // A load whose address shares its low 12 bits with an earlier store still in flight waits for that
 // store ("4K aliasing"). The backward's pass 2 loads its scratch rows (go, w, the chunk row) at the
 // same h as it stores the gradient rows, so scratch that happens to sit at the gradient rows' page

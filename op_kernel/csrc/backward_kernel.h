@@ -22,7 +22,7 @@ namespace {
 
 // Pass 2 of bfloat16 on the paths with kSplitBf16Lines (simd_*.h) reads each value row a 64-byte line
 // at a time, split into its even and odd elements by one shift and one mask, where two vloads take two
-// broadcast loads and two byte shuffles (as the forward's pass 2; docs/kernels.md, performance notes).
+// broadcast loads and two byte shuffles (as the forward's pass 2; docs/notes/kernel-variants.md).
 // Its float rows (go, w, the chunk row) then hold each line of 32 elements as the line's 16 even
 // elements and then its 16 odd ones (the split line layout), and the last H % 32 elements in the lane
 // layout of T. Every element sees the same operations either way: the same bits. A line must not
@@ -199,7 +199,7 @@ template <bool kStream, bool kSplit, bool kNumbers, typename T>
 inline void grad_tile(const T* const* rows, T* const* grads, const T* next_go,
                       int64_t row_num, const RowCoefficients& k, const float* go, const float* w, float* chunk_row,
                       int64_t h0, int64_t h1) {
-  constexpr int kRows = 2;  // rows per grad_rows call (docs/kernels.md, performance notes)
+  constexpr int kRows = 2;  // rows per grad_rows call (docs/notes/kernel-variants.md)
   int64_t i = 0;
   for (; i + kRows <= row_num; i += kRows) {
     grad_rows<kRows, kStream, kSplit, kNumbers>(rows, grads, next_go, k, i, go, w, chunk_row, h0, h1);

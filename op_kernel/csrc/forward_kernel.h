@@ -118,7 +118,7 @@ inline bool outputs_are_numbers(const double* square_sums, const float* probs, i
 // How many of the next token's rows pass 1 prefetches; pass 2 prefetches the rest. The 16-bit
 // forward leaves a third to pass 2, whose arithmetic is then overlapped by memory reads too (pass 2
 // is about a third of its work); float32's pass 1 is the far longer one and prefetches them all
-// (docs/kernels.md, performance notes).
+// (docs/notes/kernel-variants.md).
 template <typename T>
 constexpr int64_t rows_prefetched_in_pass1(int64_t rows) {
   return sizeof(T) == 2 ? rows - rows / 3 : rows;

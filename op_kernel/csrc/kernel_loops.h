@@ -106,16 +106,16 @@ inline void store_groups(T* p, const V16* groups) {
 // then overlap this token's arithmetic (pass 1's is the longer), and pass 1 reads several rows at
 // once (kDotRows, kRunRows), so many memory streams are in flight. (The 16-bit forward leaves a
 // third of those rows to its pass 2: forward_kernel.h, rows_prefetched_in_pass1.) Each measured
-// fastest on an AVX-512 Xeon, on every path (docs/kernels.md, performance notes). Both also touch
+// fastest on an AVX-512 Xeon, on every path (docs/notes/kernel-variants.md). Both also touch
 // each of those rows' first line a block earlier still: prefetch_row_starts.
 
 // How many blocks ahead of the token a core reads the kernels touch each value row's first line:
 // one block before the line-by-line prefetches of those rows begin (three measured no better,
-// docs/kernels.md).
+// docs/notes/kernel-variants.md).
 constexpr int64_t kRowStartBlocksAhead = 2;
 
 // The first line of each value row of token t (kRowStartBlocksAhead blocks on), into L2. Measured on
-// a Zen 4 host (docs/kernels.md, performance notes): forward and backward from memory faster by up to
+// a Zen 4 host (docs/notes/kernel-variants.md): forward and backward from memory faster by up to
 // 10-20% on one thread, and faster on two, though these lines are a sixty-fourth of the bytes. Most
 // likely the address translations are what they bring early: a value row is a 4 KiB page of its own
 // at H = 2048 in bfloat16 (two in float32), and a prefetch that must first walk the page tables
@@ -205,7 +205,7 @@ inline void dot_lanes_1(const T* v, const double* x, const double* w, int64_t h0
 // null row is not prefetched); without it next_rows is unused. A template flag rather than a test of
 // next_rows, as in add_runs: the test would come once per row and group. Out of line: measured faster
 // so on avx2 (its float32 forward from cache 66-68 against 58-61 us), though llvm-mca models the two
-// loops within 2 instructions of each other (docs/kernels.md, performance notes).
+// loops within 2 instructions of each other (docs/notes/kernel-variants.md).
 template <int K, bool kSquares, bool kPrefetch, typename T>
 [[gnu::noinline]] void dot_lanes_k(const T* const* rows, const double* x, const double* w, int64_t h0, int64_t h1,
                                    D16* x_lanes, D16* y_lanes, const T* const* next_rows) {
@@ -237,16 +237,16 @@ template <int K, bool kSquares, bool kPrefetch, typename T>
 }
 
 // Rows dot_lanes_k reads at once: four keep 16 float64 accumulators (32 registers of AVX-512,
-// spilling on AVX2), and more rows at once were not faster (docs/kernels.md, performance notes).
+// spilling on AVX2), and more rows at once were not faster (docs/notes/kernel-variants.md).
 // One row at a time made AVX2's forward faster from cache and on one thread, but was not shown faster
-// on two threads from memory, where the rows' streams count (docs/kernels.md, performance notes).
+// on two threads from memory, where the rows' streams count (docs/notes/kernel-variants.md).
 constexpr int kDotRows = 4;
 
 // Whether float32 rows are read interleaved: pass 1 walks H in chunks of kFloat32RowChunk elements,
 // every group of rows over one chunk before the next chunk, so that all of a token's rows stream
 // from memory together (the lanes go through memory between chunks); the forward's pass 2 then
 // walks H backwards, from the lines pass 1 read last (still in L1). Measured faster on the 512-bit
-// paths only (docs/kernels.md, performance notes). Neither order changes any element's operations.
+// paths only (docs/notes/kernel-variants.md). Neither order changes any element's operations.
 template <typename T>
 constexpr bool kInterleavedRows = sizeof(T) == 4 && kFloat32RowChunk > 0;
 
@@ -285,8 +285,8 @@ inline void dot_lanes_rows(const T* const* rows, int64_t row_num, const double* 
 // non-finite (float32 overflow: values or products beyond 3.4e38), or one below kRunMinSum, where
 // float32 subnormals (an error of up to 2^-150 per term) may have cost bits. Rows the runs sum
 // exactly need not be summed again: a zero row's sums are zero. Runs of 32 groups against runs of 8,
-// from memory: 0.86-0.96 of the forward's time, a median 0.92 of the backward's (docs/kernels.md,
-// performance notes).
+// from memory: 0.86-0.96 of the forward's time, a median 0.92 of the backward's
+// (docs/notes/kernel-variants.md).
 constexpr int64_t kRunGroups = 32;
 constexpr int64_t kRunElements = kRunGroups * kLanes;
 constexpr double kRunMinSum = 0x1p-60;
@@ -331,7 +331,7 @@ template <int kRows, int kGroups, bool kSquares, typename T>
 // groups) at a time; without it next is unused. The prefetch is a template flag, not a test of next,
 // and the loop takes two groups a step, so that the prefetch's pointer loads and tests (AVX2 has 16
 // general registers for 9 rows and 9 rows to prefetch) come once a line, not once a group. Out of line:
-// inlined into the forward's task, GCC kept the 512-bit paths' run sums on the stack (docs/kernels.md).
+// inlined into the forward's task, GCC kept the 512-bit paths' run sums on the stack (docs/notes/kernel-variants.md).
 template <int kRows, bool kSquares, bool kPrefetch, typename T>
 [[gnu::noinline]] void add_runs(const T* const* rows, const T* x, const float* w, int64_t h0, int64_t h1,
                                 int64_t hidden, RunSums* runs, D16* x_lanes, D16* w_lanes, const T* const* next) {

@@ -170,7 +170,7 @@ constexpr bool kSplitBf16Lines = false;
 // Rows add_runs reads at once (kernel_loops.h): three, whose six run sums (12 registers) stay in AVX2's
 // 16; nine spilled them. Faster from cache and on one thread from memory (the same within noise on two)
 // once the next token's prefetches were spread over the three groups' walks (forward_kernel.h,
-// prefetch_rank; docs/kernels.md, performance notes).
+// prefetch_rank; docs/notes/kernel-variants.md).
 constexpr int kRunRows = 3;
 
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h): chunks measured slower here.
@@ -182,7 +182,7 @@ constexpr int64_t kFloat32RowChunk = 0;
 // (DPart), so AVX2's 16 registers hold 3 x 3 dot accumulators, 3 of squares, the 3 rows and a query; pass
 // 2 holds 3 queries x 2 groups of numerator sums (12). Timed from cache on an AMD Zen 4 host (N = S = 8,
 // D = 2048): 3 x 3 quarter-lane dots 1.1-1.15 times as fast as the earlier 1 x 2 whole-lane ones, 2 x 4
-// slower than 3 x 3; 4 queries x 1 group of sums 1.1-1.2 times as slow (docs/kernels.md).
+// slower than 3 x 3; 4 queries x 1 group of sums 1.1-1.2 times as slow (docs/notes/kernel-variants.md).
 constexpr int kPrepareDotRows = 3;
 constexpr int kPrepareDotQueries = 3;
 constexpr int kPrepareSumQueries = 3;

@@ -187,7 +187,7 @@ inline void stream_fence() { _mm_sfence(); }
 // A line of 32 bfloat16 as two groups whose lanes are not lane_element's: the even elements (lane l =
 // element 2l) and the odd ones (2l + 1), by one load, one shift and one mask where two vloads take two
 // loads and two byte shuffles. Only for sums that go element by element into a stored row (the
-// forward's pass 2), whose lanes nothing else sees (docs/kernels.md, performance notes).
+// forward's pass 2), whose lanes nothing else sees (docs/notes/kernel-variants.md).
 constexpr bool kSplitBf16Lines = true;
 // No stores of numbers only (simd_avx2.h): the integer rounding masks NaNs without a branch, and the
 // AVX512-BF16 conversion's check is for subnormals too.
@@ -241,7 +241,7 @@ constexpr int64_t kFloat32RowChunk = 64;
 // (DPart), so AVX-512's 32 registers hold 4 x 4 dot accumulators, 4 of squares and the 4 rows; pass 2
 // holds 4 queries x 4 groups of numerator sums (16). Timed from cache on an AMD Zen 4 host (N = S = 8,
 // D = 2048): 4 x 4 half-lane dots 1.15-1.3 times as fast as the earlier 2 x 4 whole-lane ones; 4 queries
-// x 2 groups of sums 1.1-1.15 times as slow (docs/kernels.md).
+// x 2 groups of sums 1.1-1.15 times as slow (docs/notes/kernel-variants.md).
 constexpr int kPrepareDotRows = 4;
 constexpr int kPrepareDotQueries = 4;
 constexpr int kPrepareSumQueries = 4;

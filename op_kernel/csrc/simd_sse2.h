@@ -316,7 +316,7 @@ constexpr bool kSplitBf16Lines = false;
 constexpr bool kBf16NumberStores = false;
 
 // Rows add_runs reads at once (kernel_loops.h): nine; with fewer, fewer memory streams were in flight and
-// the SSE2 lanes ran twice as slow (docs/kernels.md).
+// the SSE2 lanes ran twice as slow (docs/notes/kernel-variants.md).
 constexpr int kRunRows = 9;
 
 // Float32 pass 1 walks each group of rows over all of H (kernel_loops.h).

@@ -74,7 +74,7 @@ inline std::vector<int64_t> DimsOf(const gert::Shape &shape, size_t rank)
 }
 
 // Checks one tensor against its layout: rank, then each dim whose expected value is known (UNKNOWN_DIM = any).
-// `layout` names the dims as SPEC.md does, e.g. "[T, N, H]".
+// `layout` names the dims as docs/contract.md does, e.g. "[T, N, H]".
 inline bool CheckTensorShape(const char *op, const char *tensor, const gert::Shape *shape, const char *layout,
                              const std::vector<int64_t> &expected)
 {
