@@ -13,7 +13,7 @@ from attnres_ge.op_proto import OpPrototype
 class OpKernel:
     """One op's kernels: its host side (prototype, tiling) and its Python kernel, the oracle, called as
     `python(*inputs, *outputs, workspace, tiling_record)`. Its native kernel is the one the native
-    module registers under the same op type (op_kernel/csrc/native_ops.h); an op without one
+    module registers under the same op type (op_kernel/csrc/native_op_list.h); an op without one
     (`has_native` false) runs its Python kernel whichever implementation is in use. The native kernel
     is compiled per dtype of one input, `dtype_input` (None: the first)."""
 

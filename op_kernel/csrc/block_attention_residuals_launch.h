@@ -1,6 +1,8 @@
 // BlockAttentionResiduals (the forward): its tiling record, kernel arguments and launch records.
 
-#pragma once
+// The declarations once (a guard, not #pragma once: the entry at the end expands on every inclusion).
+#ifndef ATTNRES_BLOCK_ATTENTION_RESIDUALS_LAUNCH_H
+#define ATTNRES_BLOCK_ATTENTION_RESIDUALS_LAUNCH_H
 
 #include "launch_record.h"
 
@@ -79,3 +81,13 @@ inline NativeOp block_attention_residuals_native_op() {
 }
 
 }  // namespace attnres
+
+#endif  // ATTNRES_BLOCK_ATTENTION_RESIDUALS_LAUNCH_H
+
+// Its entry in the list of native ops (native_op_list.h says how the list is read).
+#ifdef ATTNRES_NATIVE_OP
+ATTNRES_NATIVE_OP(block_attention_residuals_forward, forward, ForwardArgs, block_attention_residuals_native_op)
+#endif
+#ifdef ATTNRES_KERNELS_OF_ISA
+#include "forward_kernel.h"
+#endif

@@ -1,6 +1,8 @@
 // BlockAttnResPrepare (phase 1 of the two-phase read): its tiling record, kernel arguments and launch records.
 
-#pragma once
+// The declarations once (a guard, not #pragma once: the entry at the end expands on every inclusion).
+#ifndef ATTNRES_BLOCK_ATTN_RES_PREPARE_LAUNCH_H
+#define ATTNRES_BLOCK_ATTN_RES_PREPARE_LAUNCH_H
 
 #include "launch_record.h"
 
@@ -94,3 +96,13 @@ inline NativeOp block_attn_res_prepare_native_op() {
 }
 
 }  // namespace attnres
+
+#endif  // ATTNRES_BLOCK_ATTN_RES_PREPARE_LAUNCH_H
+
+// Its entry in the list of native ops (native_op_list.h says how the list is read).
+#ifdef ATTNRES_NATIVE_OP
+ATTNRES_NATIVE_OP(block_attn_res_prepare, prepare, PrepareArgs, block_attn_res_prepare_native_op)
+#endif
+#ifdef ATTNRES_KERNELS_OF_ISA
+#include "prepare_kernel.h"
+#endif

@@ -1,6 +1,8 @@
 // BlockAttnResUpdate (phase 2 of the two-phase read): its tiling record, kernel arguments and launch records.
 
-#pragma once
+// The declarations once (a guard, not #pragma once: the entry at the end expands on every inclusion).
+#ifndef ATTNRES_BLOCK_ATTN_RES_UPDATE_LAUNCH_H
+#define ATTNRES_BLOCK_ATTN_RES_UPDATE_LAUNCH_H
 
 #include "launch_record.h"
 
@@ -82,3 +84,13 @@ inline NativeOp block_attn_res_update_native_op() {
 }
 
 }  // namespace attnres
+
+#endif  // ATTNRES_BLOCK_ATTN_RES_UPDATE_LAUNCH_H
+
+// Its entry in the list of native ops (native_op_list.h says how the list is read).
+#ifdef ATTNRES_NATIVE_OP
+ATTNRES_NATIVE_OP(block_attn_res_update, update, UpdateArgs, block_attn_res_update_native_op)
+#endif
+#ifdef ATTNRES_KERNELS_OF_ISA
+#include "update_kernel.h"
+#endif

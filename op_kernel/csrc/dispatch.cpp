@@ -1,5 +1,5 @@
 // Run-time choice of the kernels' instruction set (dispatch.h), and the kernels' entry
-// points that go through it (declared in each op's launch header; the list of ops is native_ops.h).
+// points that go through it (declared in each op's launch header; the list of ops is native_op_list.h).
 
 #include "dispatch.h"
 
@@ -17,30 +17,28 @@ namespace attnres {
 
 // The kernel table of each instruction set (isa_*.cpp): a pointer per op's kernel.
 struct KernelTable {
-#define ATTNRES_KERNEL_FIELD(entry, kernel, Args) void (*kernel)(const Args&, int max_threads);
-  ATTNRES_NATIVE_KERNELS(ATTNRES_KERNEL_FIELD)
-#undef ATTNRES_KERNEL_FIELD
+#define ATTNRES_NATIVE_OP(entry, kernel, Args, native_op) void (*kernel)(const Args&, int max_threads);
+#include "native_op_list.h"
+#undef ATTNRES_NATIVE_OP
 };
 
 // The kernels of each instruction set, declared here only (a declaration seen before an
 // isa_*.cpp target pragma would make the compiler treat the definition as a second,
 // target-specific version of the function), and the instruction set's table.
-#define ATTNRES_DECLARE_KERNEL(entry, kernel, Args) void kernel(const Args& args, int max_threads);
-#define ATTNRES_TABLE_ENTRY(entry, kernel, Args) kernel,
-#define ATTNRES_DECLARE_KERNELS(isa)                             \
-  namespace isa {                                                \
-  ATTNRES_NATIVE_KERNELS(ATTNRES_DECLARE_KERNEL)                 \
-  const KernelTable kKernels{ATTNRES_NATIVE_KERNELS(ATTNRES_TABLE_ENTRY)}; \
-  }
-ATTNRES_DECLARE_KERNELS(scalar)
+#define ATTNRES_ISA scalar
+#include "isa_kernel_table.h"
+#undef ATTNRES_ISA
 #if ATTNRES_X86
-ATTNRES_DECLARE_KERNELS(avx2)
-ATTNRES_DECLARE_KERNELS(avx512)
-ATTNRES_DECLARE_KERNELS(avx512bf16)
+#define ATTNRES_ISA avx2
+#include "isa_kernel_table.h"
+#undef ATTNRES_ISA
+#define ATTNRES_ISA avx512
+#include "isa_kernel_table.h"
+#undef ATTNRES_ISA
+#define ATTNRES_ISA avx512bf16
+#include "isa_kernel_table.h"
+#undef ATTNRES_ISA
 #endif
-#undef ATTNRES_DECLARE_KERNELS
-#undef ATTNRES_TABLE_ENTRY
-#undef ATTNRES_DECLARE_KERNEL
 
 namespace {
 
@@ -127,9 +125,9 @@ std::string select_isa_path(const std::string& name) {
 }
 
 // The dispatched entries: each op's kernel on the selected instruction set.
-#define ATTNRES_DISPATCH(entry, kernel, Args) \
+#define ATTNRES_NATIVE_OP(entry, kernel, Args, native_op) \
   void entry(const Args& args, int max_threads) { selected().load()->kernels.kernel(args, max_threads); }
-ATTNRES_NATIVE_KERNELS(ATTNRES_DISPATCH)
-#undef ATTNRES_DISPATCH
+#include "native_op_list.h"
+#undef ATTNRES_NATIVE_OP
 
 }  // namespace attnres

@@ -11,7 +11,9 @@ namespace attnres {
 namespace avx2 {
 #include "simd_avx2.h"
 #include "kernel_loops.h"
-#include "op_kernels.h"
+#define ATTNRES_KERNELS_OF_ISA  // every op's kernel (native_op_list.h)
+#include "native_op_list.h"
+#undef ATTNRES_KERNELS_OF_ISA
 }  // namespace avx2
 }  // namespace attnres
 #pragma GCC pop_options

@@ -12,7 +12,9 @@ namespace attnres {
 namespace avx512 {
 #include "simd_avx512.h"
 #include "kernel_loops.h"
-#include "op_kernels.h"
+#define ATTNRES_KERNELS_OF_ISA  // every op's kernel (native_op_list.h)
+#include "native_op_list.h"
+#undef ATTNRES_KERNELS_OF_ISA
 }  // namespace avx512
 }  // namespace attnres
 #pragma GCC pop_options

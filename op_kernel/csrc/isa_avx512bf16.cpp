@@ -14,7 +14,9 @@ namespace attnres {
 namespace avx512bf16 {
 #include "simd_avx512.h"
 #include "kernel_loops.h"
-#include "op_kernels.h"
+#define ATTNRES_KERNELS_OF_ISA  // every op's kernel (native_op_list.h)
+#include "native_op_list.h"
+#undef ATTNRES_KERNELS_OF_ISA
 }  // namespace avx512bf16
 }  // namespace attnres
 #pragma GCC pop_options

@@ -11,6 +11,8 @@ namespace scalar {
 #include "simd_scalar.h"
 #endif
 #include "kernel_loops.h"
-#include "op_kernels.h"
+#define ATTNRES_KERNELS_OF_ISA  // every op's kernel (native_op_list.h)
+#include "native_op_list.h"
+#undef ATTNRES_KERNELS_OF_ISA
 }  // namespace scalar
 }  // namespace attnres

@@ -6,7 +6,7 @@
 // Whoever runs one needs not know which op it belongs to: run() binds the data pointers in the
 // prototype's order and calls that op's kernel. Each op adds its record struct, its kernel
 // arguments and a NativeOp (see block_attention_residuals_launch.h); the list of ops is
-// native_ops.h.
+// native_op_list.h.
 
 #pragma once
 
