@@ -7,15 +7,7 @@ import sys
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        tokens, blocks, hidden = (int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape takes T,N,H (three integers), got {text!r}") from None
-    return tokens, blocks, hidden
+from attnres_ge.shapes import DTYPES, parse_shape
 
 
 def cmd_demo(args) -> int:

@@ -9,6 +9,7 @@ ge_plugin/__init__) defines the torch op from its entry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -34,11 +35,16 @@ class TorchOp:
     """One op as PyTorch and GE graphs see it: its kernels (prototype, tiling), the torch op name
     (`torch.ops.attnres.<name>`, also the name of CANN's own torch op under
     `torch.ops.cann_ops_transformer` where CANN ships one) and its converter module
-    (`make_converter(ge)`, and `make_cann_converter(ge)` for an op CANN ships)."""
+    (`make_converter(ge)`, and `make_cann_converter(ge)` for an op CANN ships).
+
+    `bench_inputs`, optional, lets `attnres-ge bench` time an op it has no case of its own for:
+    `bench_inputs(dims, dtype) -> (input tensors, attributes)` for a shape given by its letters
+    (e.g. {"T": 4096, "H": 2048}); see attnres_ge/bench/cases/op.py."""
 
     kernel: OpKernel
     name: str
     converter: ModuleType
+    bench_inputs: Callable | None = None
 
     @property
     def op_type(self) -> str:
