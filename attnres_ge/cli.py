@@ -96,8 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help; main() hands `bench ...` to attnres_ge.bench, which parses its own options.
     commands.add_parser("bench", help="speed against a paired copy and PyTorch (see attnres-ge bench -h)")
-    # The same for `loop-model ...` (attnres_ge.op_kernel.loop_model; needs a source checkout, g++ and llvm-mca).
-    commands.add_parser("loop-model", help="the kernels' hot loops modelled by llvm-mca per CPU (see docs/kernels.md)")
 
     export = commands.add_parser("export-proto", help="write the REG_OP header and msopgen JSON")
     export.add_argument("--out", required=True, metavar="DIR", help="folder to write the two files into")
@@ -111,10 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         from attnres_ge import bench
 
         return bench.main(argv[1:])
-    if argv[:1] == ["loop-model"]:
-        from attnres_ge.op_kernel import loop_model
-
-        return loop_model.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
