@@ -7,15 +7,7 @@ import sys
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        tokens, blocks, hidden = (int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape takes T,N,H (three integers), got {text!r}") from None
-    return tokens, blocks, hidden
+from attnres_ge.shapes import DTYPES, parse_dims
 
 
 def cmd_demo(args) -> int:
@@ -40,22 +32,6 @@ def cmd_train(args) -> int:
 
 # The Block AttnRes pair by their old short names (`--op forward`, `--op backward`).
 TILING_ALIASES = {"forward": "block_attention_residuals", "backward": "block_attention_residuals_backward"}
-BLOCK_LETTERS = ("T", "N", "H")  # what a --shape of three integers gives
-
-
-def parse_dims(text: str) -> dict[str, int]:
-    """`--shape` of the tiling command: T,N,H (three integers) or LETTER=SIZE pairs, e.g. T=64,N=4,S=2,D=256."""
-    parts = text.split(",")
-    try:
-        if all("=" in part for part in parts):
-            return {letter.strip(): int(size) for letter, size in (part.split("=", 1) for part in parts)}
-        if len(parts) == len(BLOCK_LETTERS):
-            return dict(zip(BLOCK_LETTERS, (int(part) for part in parts), strict=True))
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"--shape takes T,N,H (three integers) or LETTER=SIZE pairs, got {text!r}")
-
-
 def tiling_attrs(proto, args) -> dict:
     """The attributes given by --attr NAME=VALUE, --norm-eps and --need-backward, typed by the prototype."""
     kinds = {attr.name: attr.kind for attr in proto.attrs}
@@ -149,8 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help; main() hands `bench ...` to attnres_ge.bench, which parses its own options.
     commands.add_parser("bench", help="speed against a paired copy and PyTorch (see attnres-ge bench -h)")
-    # The same for `loop-model ...` (attnres_ge.op_kernel.loop_model; needs a source checkout, g++ and llvm-mca).
-    commands.add_parser("loop-model", help="the kernels' hot loops modelled by llvm-mca per CPU (see docs/kernels.md)")
 
     export = commands.add_parser("export-proto", help="write the REG_OP header and msopgen JSON")
     export.add_argument("--out", required=True, metavar="DIR", help="folder to write the two files into")
@@ -164,10 +138,6 @@ def main(argv: list[str] | None = None) -> int:
         from attnres_ge import bench
 
         return bench.main(argv[1:])
-    if argv[:1] == ["loop-model"]:
-        from attnres_ge.op_kernel import loop_model
-
-        return loop_model.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

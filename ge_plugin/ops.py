@@ -43,7 +43,8 @@ class TorchOp:
                        prototype's attributes, in prototype order (None: CANN ships no torch op)
     autograd           the module that registers the op's derivative (or its refusal to have one),
                        imported once every op is defined; None: the op has no Autograd kernel of its own
-    bench_inputs       inputs for `attnres-ge bench --ops <name>` (None: the op is not benchmarked generically)
+    bench_inputs       inputs for `attnres-ge bench --ops <name>`, for an op the bench has no case family of its
+                       own for (None: not timed generically; attnres_ge/bench/cases/op.py)
     """
 
     kernel: OpKernel

@@ -54,9 +54,9 @@ class TensorArg:
         """The dtypes an eager, fake or local-GE call may pass for this tensor."""
         return self.dtypes if self.cpu_dtypes is None else self.cpu_dtypes
 
-    def letters(self) -> set[str]:
-        """The dimension letters of the layout's first form, e.g. {"T", "N"} for "[T, N+1] or [0]"."""
-        return {term for dim in _layout_dims(self.layout) for term in dim.split("+") if term.isalpha()}
+    def letters(self) -> list[str]:
+        """The dimension letters of the layout's first form in order, e.g. ["T", "N"] for "[T, N+1] or [0]"."""
+        return [term for dim in _layout_dims(self.layout) for term in dim.split("+") if term.isalpha()]
 
     def example_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
         """The layout's first form with `dims` put in for its letters ("[T, N+1]" with T=4, N=2: (4, 3))."""
@@ -245,8 +245,8 @@ class OpPrototype:
         return [arg.name for arg in self.outputs]
 
     def letters(self) -> list[str]:
-        """Every dimension letter of the inputs' layouts, sorted."""
-        return sorted(set().union(*(arg.letters() for arg in self.inputs)))
+        """Every dimension letter of the inputs' layouts, in order of first use (T, N, H for the forward)."""
+        return list(dict.fromkeys(letter for arg in self.inputs for letter in arg.letters()))
 
     def example_metas(self, dims: Mapping[str, int], dtype: torch.dtype) -> dict[str, TensorMeta]:
         """Input metas of the layouts' first forms for `dims` (a letter -> size map covering letters()); each

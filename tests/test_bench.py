@@ -5,12 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import attnres_ge.op_kernel
 from attnres_ge import bench
+from attnres_ge.bench import harness, paths, report, run
+from attnres_ge.bench.cases import registry
+from attnres_ge.bench.cases.block import BLOCK_PROVIDERS, BlockCase, block_traffic
+from attnres_ge.bench.cases.stream import STREAM_PROVIDERS, StreamCase, stream_traffic
+from attnres_ge.bench.cases.two_phase import TWO_PHASE_PROVIDERS, prepare_traffic, update_traffic
+from attnres_ge.bench.overheads import COMPILED_EAGER
+from attnres_ge.bench.plot import plot
 from attnres_ge.cli import build_parser
 
 SMALL = ["--shape", "8,2,64", "--dtypes", "float32", "--rounds", "3", "--overhead-rounds", "5"]
@@ -19,9 +30,9 @@ SMALL = ["--shape", "8,2,64", "--dtypes", "float32", "--rounds", "3", "--overhea
 @pytest.fixture
 def never_disturbed(monkeypatch):
     """This shared host's noise must not decide a test: no copy rate or spread counts as disturbed."""
-    monkeypatch.setattr(bench, "DISTURBED_COPY_FRACTION", 0.0)
-    monkeypatch.setattr(bench, "DISTURBED_SPREAD_TO_MEDIAN", float("inf"))
-    monkeypatch.setattr(bench, "DISTURBED_ROUND_RATIO_SPREAD", float("inf"))
+    monkeypatch.setattr(harness, "DISTURBED_COPY_FRACTION", 0.0)
+    monkeypatch.setattr(harness, "DISTURBED_SPREAD_TO_MEDIAN", float("inf"))
+    monkeypatch.setattr(harness, "DISTURBED_ROUND_RATIO_SPREAD", float("inf"))
 
 
 def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
@@ -40,10 +51,10 @@ def test_bench_writes_every_measurement(tmp_path, never_disturbed, capsys):
         assert m["trusted"] and m["attempts"] == 1 and m["quiet_copy_gbps"] > 0
     assert any(r["provider"] == "op-graph" and r["against"] == "torch-eager" for r in report["speedups"])
     assert {(r["provider"], r["direction"]) for r in report["overheads"]} == {
-        (p, d) for p in ("op-eager", "op-graph", bench.COMPILED_EAGER) for d in ("forward", "backward")}
+        (p, d) for p in ("op-eager", "op-graph", COMPILED_EAGER) for d in ("forward", "backward")}
     assert report["machine"]["kernels"] in ("native", "python")
     assert report["machine"]["kernels"] and report["machine"]["kernel_threads"] >= 1
-    compiled = [r for r in report["overheads"] if r["provider"] == bench.COMPILED_EAGER]
+    compiled = [r for r in report["overheads"] if r["provider"] == COMPILED_EAGER]
     # A median of time differences: its sign is the host's noise on a loaded machine, so only its presence is tested.
     assert compiled and all(math.isfinite(r["overhead_us"]) for r in compiled)
 
@@ -65,7 +76,7 @@ def test_bad_custom_shape_is_refused(text, capsys):
 def test_disturbed_rounds_are_rerun_then_flagged_never_reported(tmp_path, monkeypatch, capsys):
     """A paired copy far below the quiet copy's rate: the rounds run again, then the measurements are flagged;
     no fraction of the copy, no speedup is printed or written from them."""
-    monkeypatch.setattr(bench, "quiet_copy_gbps", lambda copy, copy_bytes: 1e6)  # a quiet copy no pair can match
+    monkeypatch.setattr(harness, "quiet_copy_gbps", lambda copy, copy_bytes: 1e6)  # a quiet copy no pair can match
     out = tmp_path / "bench.json"
     assert bench.main([*SMALL, "--providers", "kernel", "torch-eager", "--retries", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -80,15 +91,15 @@ def test_disturbed_rounds_are_rerun_then_flagged_never_reported(tmp_path, monkey
 
 def test_disturbance_names_each_reason():
     quiet = [1e-3] * 8
-    assert bench.disturbance(quiet, copy_gbps=40.0, quiet_gbps=50.0) == ""
-    assert "under 50% of the quiet copy's 100.0 GB/s" in bench.disturbance(quiet, 40.0, 100.0)
+    assert harness.disturbance(quiet, copy_gbps=40.0, quiet_gbps=50.0) == ""
+    assert "under 50% of the quiet copy's 100.0 GB/s" in harness.disturbance(quiet, 40.0, 100.0)
     noisy = [1e-3, 1e-3, 1e-3, 1e-3, 9e-3, 9e-3, 9e-3, 9e-3]  # interquartile range above the median
-    assert bench.disturbance(noisy, 40.0, 50.0).startswith("spread")
+    assert harness.disturbance(noisy, 40.0, 50.0).startswith("spread")
     steady_pairs = [2e-3 * (1 + 0.01 * i) for i in range(8)]  # the copy's time follows the call's round by round
-    assert bench.disturbance(quiet, 40.0, 50.0, copy_times=[2e-3] * 8) == ""
-    assert bench.disturbance([t / 2 for t in steady_pairs], 40.0, 50.0, copy_times=steady_pairs) == ""
+    assert harness.disturbance(quiet, 40.0, 50.0, copy_times=[2e-3] * 8) == ""
+    assert harness.disturbance([t / 2 for t in steady_pairs], 40.0, 50.0, copy_times=steady_pairs) == ""
     apart = [1e-3, 3e-3, 1e-3, 3e-3, 1e-3, 3e-3, 1e-3, 3e-3]  # the copy slow in every other round, the call not
-    assert "spreads 100% round to round" in bench.disturbance(quiet, 40.0, 50.0, copy_times=apart)
+    assert "spreads 100% round to round" in harness.disturbance(quiet, 40.0, 50.0, copy_times=apart)
 
 
 def test_paths_are_timed_one_after_the_other_and_judged_against_the_goals(tmp_path, never_disturbed, monkeypatch,
@@ -96,16 +107,16 @@ def test_paths_are_timed_one_after_the_other_and_judged_against_the_goals(tmp_pa
     native = pytest.importorskip("attnres_ge.op_kernel.native")
     if attnres_ge.op_kernel.active_implementation() != "native":
         pytest.skip("the Python kernels are active")
-    monkeypatch.setattr(bench, "GOAL_SHAPE", (8, 2, 64))  # the goals' shape, small enough for a test
+    monkeypatch.setattr(report, "GOAL_SHAPE", (8, 2, 64))  # the goals' shape, small enough for a test
     before = native.isa_path()
     out = tmp_path / "bench.json"
     assert bench.main([*SMALL, "--providers", "op-eager", "kernel", "--paths", "all", "--json", str(out)]) == 0
     assert native.isa_path() == before  # the run leaves the kernels on the path they ran on
-    report = json.loads(out.read_text())
+    written = json.loads(out.read_text())
     paths = list(native.available_isa_paths())
-    assert list(dict.fromkeys(m["path"] for m in report["results"])) == paths
-    vector_paths = [path for path in paths if path in bench.GOAL_PATHS]
-    goals = {(g["path"], g["provider"], g["direction"]): g for g in report["goals"]}
+    assert list(dict.fromkeys(m["path"] for m in written["results"])) == paths
+    vector_paths = [path for path in paths if path in report.GOAL_PATHS]
+    goals = {(g["path"], g["provider"], g["direction"]): g for g in written["goals"]}
     assert set(goals) == {(path, "op-eager", d) for path in vector_paths for d in ("forward", "backward")}
     for goal in goals.values():
         assert goal["met"] == (goal["fraction_of_copy"] >= goal["goal"])
@@ -126,7 +137,7 @@ def test_paths_this_cpu_cannot_run_are_refused(capsys):
 def test_paths_need_the_native_kernels(capsys):
     attnres_ge.op_kernel.KERNELS.set_implementation("python")
     try:
-        assert bench.kernel_path() == "python"
+        assert paths.kernel_path() == "python"
         with pytest.raises(SystemExit):
             bench.main([*SMALL, "--paths", "all"])
     finally:
@@ -136,30 +147,30 @@ def test_paths_need_the_native_kernels(capsys):
 
 def test_goal_table_marks_each_goal_met_missed_disturbed_or_not_timed():
     def measurement(provider, direction, fraction, disturbed="", path="avx2"):
-        return bench.Measurement("T4096_N8_H2048", "bfloat16", provider, direction, 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
+        return harness.Measurement("T4096_N8_H2048", "bfloat16", provider, direction, 1.0, 0.1, 0.9, 10**6, 1.0, 2.0,
                                  fraction, 0.0, 3.0, 1, disturbed, path)
     results = [measurement("op-graph", "forward", 0.95), measurement("op-graph", "backward", 0.5),
                measurement("op-eager", "forward", 0.99, "spread 9 ms"), measurement("kernel", "forward", 0.3),
                measurement("op-graph", "forward", 0.1, path="scalar")]
-    rows = bench.goal_rows(results, {"T4096_N8_H2048": bench.GOAL_SHAPE})
+    rows = report.goal_rows(results, {"T4096_N8_H2048": report.GOAL_SHAPE})
     assert [(r["provider"], r["direction"], r["met"]) for r in rows] == [
         ("op-graph", "forward", True), ("op-graph", "backward", False), ("op-eager", "forward", None)]
-    line = bench.goal_table(rows)[-1]
+    line = report.goal_table(rows)[-1]
     assert line.split()[:2] == ["avx2", "bfloat16"]
     assert [cell.strip() for cell in line[24:].split("  ") if cell.strip()] == [
         "95% met", "50% NOT MET", "disturbed", "not timed"]
-    assert bench.goal_rows(results, {"T4096_N8_H2048": (16, 8, 4096)}) == []  # another shape has no goals
+    assert report.goal_rows(results, {"T4096_N8_H2048": (16, 8, 4096)}) == []  # another shape has no goals
 
 
 def test_bench_plot_writes_a_png(tmp_path):
     measurements = [
-        bench.Measurement("T16_N8_H4096", "float32", provider, direction, ms, 0.1, 0.9 * ms, 10**6, 1.0, 2.0, 0.5,
+        harness.Measurement("T16_N8_H4096", "float32", provider, direction, ms, 0.1, 0.9 * ms, 10**6, 1.0, 2.0, 0.5,
                           0.0, 3.0, 1, "" if provider != "op-graph" else "paired copy too slow")
         for provider, ms in (("kernel", 1.0), ("op-graph", 1.2), ("torch-eager", 9.0), ("torch-inductor", 3.0))
         for direction in ("forward", "backward")
     ]
     out = tmp_path / "bench.png"
-    assert bench.plot(measurements, str(out))
+    assert plot(measurements, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -187,10 +198,10 @@ TINY_STREAMS = {"stream_T8_D64_L5_B2": (8, 64, 5, 2)}
 @pytest.fixture
 def tiny_suites(monkeypatch):
     """The two-phase ops', the blocks' and the stream's named shapes, small enough for a test."""
-    monkeypatch.setattr(bench, "TWO_PHASE_SHAPES", TINY_TWO_PHASE)
-    monkeypatch.setattr(bench, "BLOCK_SHAPES", TINY_BLOCKS)
-    monkeypatch.setattr(bench, "STREAM_SHAPES", TINY_STREAMS)
-    monkeypatch.setattr(bench, "DEFAULT_BLOCK_SHAPES", ("block_T1_N3_D32_R2",))
+    monkeypatch.setitem(registry.NAMED_SHAPES, "two-phase", TINY_TWO_PHASE)
+    monkeypatch.setitem(registry.NAMED_SHAPES, "block", TINY_BLOCKS)
+    monkeypatch.setitem(registry.NAMED_SHAPES, "stream", TINY_STREAMS)
+    monkeypatch.setitem(registry.DEFAULT_SHAPES, "block", ("block_T1_N3_D32_R2",))
 
 
 def test_two_phase_providers_blocks_and_streams_run_end_to_end(tmp_path, never_disturbed, tiny_suites, capsys):
@@ -199,14 +210,14 @@ def test_two_phase_providers_blocks_and_streams_run_end_to_end(tmp_path, never_d
     assert bench.main(["--shapes", *shapes, "--rounds", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     timed = {(m["shape"], m["provider"]): m for m in report["results"]}
-    expected = [(name, p) for name in TINY_TWO_PHASE for p in bench.TWO_PHASE_PROVIDERS]
-    expected += [(name, p) for name in TINY_BLOCKS for p in bench.BLOCK_PROVIDERS]
-    expected += [(name, p) for name in TINY_STREAMS for p in bench.STREAM_PROVIDERS]
+    expected = [(name, p) for name in TINY_TWO_PHASE for p in TWO_PHASE_PROVIDERS]
+    expected += [(name, p) for name in TINY_BLOCKS for p in BLOCK_PROVIDERS]
+    expected += [(name, p) for name in TINY_STREAMS for p in STREAM_PROVIDERS]
     assert sorted(timed) == sorted(expected)  # no per-layer shape: only named shapes are timed
     for (_, provider), m in timed.items():
         assert m["trusted"] and m["median_ms"] > 0 and m["direction"] == "forward" and m["dtype"] == "float32"
         runs_per_layer_op = provider in ("block-per-layer", "stream-per-layer")
-        assert m["path"] == (bench.kernel_path() if runs_per_layer_op else bench.two_phase_path())
+        assert m["path"] == (paths.kernel_path() if runs_per_layer_op else paths.two_phase_path())
     tokens, blocks, readers, hidden = TINY_TWO_PHASE["T8_N2_S3_D64"]
     assert timed["T8_N2_S3_D64", "prepare-eager"]["traffic_bytes"] == 4 * (8 * 2 * 64 + 8 * 3 * 64 + 2 * 3 * 8)
     assert timed["T8_N2_S3_D64", "update-graph"]["traffic_bytes"] == 4 * (5 * 8 * 64 + 2 * 8)
@@ -228,12 +239,12 @@ def test_two_phase_providers_blocks_and_streams_run_end_to_end(tmp_path, never_d
 def test_traffic_formulas_count_each_plane_once():
     tokens, hidden = 4096, 2048
     plane = tokens * hidden
-    assert bench.prepare_traffic(tokens, 8, 8, hidden) == 16 * plane + 16 * tokens
-    assert bench.update_traffic(tokens, hidden) == 4 * 5 * plane + 8 * tokens  # float32 delta and h
-    assert bench.update_traffic(tokens, hidden, delta_size=2) == (12 + 4) * plane + 8 * tokens
-    per_layer_8, two_phase_8 = bench.block_traffic(tokens, 8, hidden, 8).values()
+    assert prepare_traffic(tokens, 8, 8, hidden) == 16 * plane + 16 * tokens
+    assert update_traffic(tokens, hidden) == 4 * 5 * plane + 8 * tokens  # float32 delta and h
+    assert update_traffic(tokens, hidden, delta_size=2) == (12 + 4) * plane + 8 * tokens
+    per_layer_8, two_phase_8 = block_traffic(tokens, 8, hidden, 8).values()
     assert (per_layer_8, two_phase_8) == (104 * plane, 56 * plane)
-    ratio_32 = bench.block_traffic(1, 32, hidden, 8)["block-per-layer"] / bench.block_traffic(1, 32, hidden, 8)[
+    ratio_32 = block_traffic(1, 32, hidden, 8)["block-per-layer"] / block_traffic(1, 32, hidden, 8)[
         "block-two-phase"]
     assert ratio_32 == pytest.approx(296 / 80)  # issue 23: about 2x (N=8) to 4x (N=32) fewer bytes
 
@@ -242,22 +253,22 @@ def test_stream_traffic_walks_the_schedule():
     """Two layers, a seal in each (counted by hand, in planes). Per-layer: seal 2, read 3 (1 sealed), add 3;
     read 3, seal 2, read 4 (2 sealed), add 3; the final read 4. Two-phase: live into float32 2, the first read 2,
     seal 3 + prepare 1 + 2, read 5; read 5, seal 3 + prepare 2 + 2, read 5; the final read 5."""
-    assert bench.stream_traffic(1, 1, 2, 1) == {"stream-per-layer": 24, "stream-two-phase": 37}
-    assert bench.stream_traffic(3, 5, 2, 1) == {"stream-per-layer": 24 * 15, "stream-two-phase": 37 * 15}
+    assert stream_traffic(1, 1, 2, 1) == {"stream-per-layer": 24, "stream-two-phase": 37}
+    assert stream_traffic(3, 5, 2, 1) == {"stream-per-layer": 24 * 15, "stream-two-phase": 37 * 15}
 
 
 def test_stream_reads_agree_both_ways():
     """The stream's two providers compute the same forward (so the bench times one computation two ways)."""
-    case = bench.StreamCase((6, 48, 5, 2))
-    per_layer, two_phase = (case.provider(name)["forward"]() for name in bench.STREAM_PROVIDERS)
+    case = StreamCase((6, 48, 5, 2))
+    per_layer, two_phase = (case.provider(name)["forward"]() for name in STREAM_PROVIDERS)
     torch.testing.assert_close(two_phase, per_layer, rtol=1e-5, atol=1e-5)
 
 
 def test_block_reads_agree_both_ways():
     """The two providers of a block compute the same reads (so the bench times one computation two ways)."""
     shape = (5, 3, 48, 4)
-    per_layer = bench.BlockCase(shape).provider("block-per-layer")["forward"]()
-    two_phase = bench.BlockCase(shape).provider("block-two-phase")["forward"]()
+    per_layer = BlockCase(shape).provider("block-per-layer")["forward"]()
+    two_phase = BlockCase(shape).provider("block-two-phase")["forward"]()
     assert len(per_layer) == len(two_phase) == 4
     for left, right in zip(per_layer, two_phase, strict=True):
         torch.testing.assert_close(right, left, rtol=1e-5, atol=1e-5)
@@ -272,8 +283,81 @@ def test_block_reads_agree_both_ways():
 ])
 def test_named_shapes_pick_their_suite(argv, two_phase, blocks, streams, tiny_suites):
     args = bench.build_parser().parse_args(argv)
-    per_layer = bench.select_shapes(args)
-    assert list(args.two_phase_shapes) == two_phase and sorted(args.block_shapes) == sorted(blocks)
-    assert list(args.stream_shapes) == streams
-    assert list(per_layer) == (list(bench.SHAPES) if not argv or argv == ["--all-blocks"] else
+    per_layer = run.select_shapes(args)
+    suites = args.suite_shapes
+    assert list(suites["two-phase"]) == two_phase and sorted(suites["block"]) == sorted(blocks)
+    assert list(suites["stream"]) == streams
+    assert list(per_layer) == (list(registry.NAMED_SHAPES["per-layer"]) if not argv or argv == ["--all-blocks"] else
                                ["T4_N1_H16"] if "--shape" in argv else [])
+
+
+def test_list_prints_each_named_shape_and_marks_the_defaults(capsys):
+    assert bench.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shapes = registry.all_shapes()
+    assert len(lines) == sum(len(named) for named in shapes.values()) + len(
+        [op for op in registry.registry_ops() if op.name not in registry.bespoke_ops() | set(registry.generic_ops())])
+    first = lines[0].split()
+    assert first[:3] == ["per-layer", "T4096_N8_H2048", "T=4096"] and "default" in first
+    assert first[-2:] == ["block_attention_residuals", "block_attention_residuals_backward"]
+    block_lines = [line.split() for line in lines if line.startswith("block ")]
+    assert sum("default" in line for line in block_lines) == len(registry.DEFAULT_SHAPES["block"])
+
+
+def test_ops_the_generic_family_cannot_time_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--ops", "block_attention_residuals"])  # it has a family of its own
+    assert "--ops: block_attention_residuals not timed by the generic family" in capsys.readouterr().err
+
+
+GENERIC_OP_SCRIPT = """
+import dataclasses, json, sys
+
+import torch
+
+import attnres_ge
+sys.path.insert(0, sys.argv[1])
+import scaled_add  # appends its registry entry to ops.OPS
+from attnres_ge import bench
+from attnres_ge.bench import harness
+from attnres_ge.bench.cases import registry
+from attnres_ge.ge_plugin import ops
+
+harness.DISTURBED_COPY_FRACTION, harness.DISTURBED_SPREAD_TO_MEDIAN = 0.0, float("inf")  # the host's noise
+harness.DISTURBED_ROUND_RATIO_SPREAD = float("inf")                                     # decides nothing
+
+
+def inputs(dims, dtype):
+    generator = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(dims["T"], dims["H"], generator=generator).to(dtype) for _ in range(2))
+    return (x, y), {"alpha": 0.5}
+
+
+assert "scaled_add" not in registry.generic_ops()  # no bench_inputs: listed as untimed
+ops.OPS = tuple(dataclasses.replace(op, bench_inputs=inputs) if op.name == "scaled_add" else op for op in ops.OPS)
+bench.main(["--list"])
+registry.NAMED_SHAPES["scaled_add"] = {"scaled_add_T8_H64": (8, 64)}
+bench.main(["--ops", "scaled_add", "--rounds", "3", "--dtypes", "float32", "bfloat16", "--json", sys.argv[2]])
+"""
+
+
+def test_the_generic_family_times_a_registry_op_added_at_run_time(tmp_path):
+    """tests/third_op/scaled_add.py appends its op to the registry; given bench_inputs, the bench lists it (with
+    the default shape of its letters) and times it eagerly and through the graph, at a named shape of its own
+    and the --dtypes its kernel takes. In a fresh process with the Python kernels, as tests/test_third_op.py."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, ATTNRES_GE_KERNEL="python")
+    third_op = Path(__file__).resolve().parent / "third_op"
+    result = subprocess.run([sys.executable, "-c", GENERIC_OP_SCRIPT, str(third_op), str(out)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    listed = [line.split() for line in result.stdout.splitlines() if line.startswith("op ")]
+    assert listed == [["op", "scaled_add_T4096_H2048", "T=4096", "H=2048", "default", "scaled_add"]]
+    assert "untimed    scaled_add: no family of its own and no bench_inputs" not in result.stdout
+    assert "scaled_add_T8_H64 float32 (3 rounds)" in result.stdout
+    assert "scaled_add_T8_H64 bfloat16" not in result.stdout  # the op takes float32 only
+    results = json.loads(out.read_text())["results"]
+    assert {(m["shape"], m["dtype"], m["provider"], m["direction"]) for m in results} == {
+        ("scaled_add_T8_H64", "float32", provider, "forward") for provider in ("op-eager", "op-graph")}
+    for m in results:
+        assert m["path"] == "python" and m["traffic_bytes"] == 3 * 8 * 64 * 4 and m["median_ms"] > 0

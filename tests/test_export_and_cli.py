@@ -163,3 +163,17 @@ def test_cli_demo_runs_as_installed_command():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "all within the tolerances of docs/contract.md" in result.stdout
     assert result.stdout.count(" ok") == 15
+    assert "tiling data" not in result.stdout  # the tiling is attnres-ge tiling's to show
+
+
+def test_demo_check_gives_its_verdict_and_points_to_the_tiling(capsys):
+    """The demo's numerics check: one line per tensor and dtype, the verdict, and where the tiling is shown,
+    but not the tiling records themselves (nor their bytes)."""
+    from attnres_ge.examples import eager_check
+
+    assert eager_check.main() == 0
+    out = capsys.readouterr().out
+    assert out.count(" ok") == 15 and "FAIL" not in out
+    assert "all within the tolerances of docs/contract.md" in out
+    assert "attnres-ge tiling --op forward --shape 256,4,512" in out
+    assert "tiling_key" not in out and "tiling data" not in out

@@ -1,7 +1,7 @@
-"""The llvm-mca loop model (op_kernel/loop_model.py): it finds the kernels' hot loops in the assembly the build
-would produce, along their common path, and llvm-mca's report is read. The compiled checks take the `avx2`
-translation unit only (about 15 s on an idle core: 10 to compile, 4 to read) and need g++ and llvm-mca, not
-an AVX2 host: nothing runs."""
+"""The llvm-mca loop model (tools/loop_model.py, a development tool): it finds the kernels' hot loops in the
+assembly the build would produce, along their common path, and llvm-mca's report is read. The compiled checks
+take the `avx2` translation unit only (about 15 s on an idle core: 10 to compile, 4 to read) and need g++ and
+llvm-mca, not an AVX2 host: nothing runs."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 
 
 def _load_loop_model():
-    """The module of this checkout (it reads this checkout's C++ sources), whichever one is installed."""
-    path = Path(__file__).resolve().parents[1] / "op_kernel" / "loop_model.py"
+    """The tool of this checkout (it reads this checkout's C++ sources); tools/ is no package, so by its path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "loop_model.py"
     spec = importlib.util.spec_from_file_location("attnres_loop_model_under_test", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

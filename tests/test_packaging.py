@@ -53,6 +53,21 @@ def test_without_an_installed_copy_the_clone_folders_are_the_subpackages():
     assert op_host == ROOT / "op_host" / "__init__.py"
 
 
+def test_the_wheel_lists_every_package_folder_and_no_development_tool():
+    """pyproject.toml names the wheel's packages one by one: each folder of the package that holds an
+    __init__.py is among them (a new subpackage is not left out), and tools/ is not."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    folders = {"attnres_ge." + ".".join(path.parent.relative_to(ROOT / "attnres_ge").parts)
+               for path in (ROOT / "attnres_ge").rglob("__init__.py") if path.parent != ROOT / "attnres_ge"}
+    assert folders <= listed, sorted(folders - listed)
+    assert {"attnres_ge.bench", "attnres_ge.bench.cases"} <= listed
+    assert not any("tools" in name.split(".") for name in listed)
+    assert "tools" not in config["package-dir"].values() and (ROOT / "tools" / "loop_model.py").exists()
+
+
 # ---- torch's private internals: the package may use one only where the suite runs on every supported torch
 # (CI: the main suite on torch 2.13.0 and 2.14.1). This lists each use and checks that it resolves on the
 # torch running the suite, so a release that drops or moves one fails here by name, not through a fallback.

@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
     assert "op             ScaledAdd" in tiling and "alpha                0.25" in tiling, tiling
     assert "scaled_add_proto.h" in cli_output("export-proto", "--out", sys.argv[1])
     assert "scaled_add" in cli_output("bench", "--list")
-    bench = cli_output("bench", "--ops", "scaled_add", "--shape", "T=64,H=64", "--rounds", "3", "--retries", "0")
+    bench = cli_output("bench", "--ops", "scaled_add", "--dtypes", "float32", "--rounds", "3", "--retries", "0")
     assert "scaled_add" in bench and "op-eager" in bench and "op-graph" in bench, bench
     print("third op ok")
     """

@@ -12,11 +12,12 @@ Nothing is timed: the figures are llvm-mca's model of a loop in steady state, wi
 hitting L1 (memory is accounted for separately, by the bandwidth figure). It runs on any x86-64 host
 with g++ and llvm-mca (Debian: `apt-get install g++ llvm`), whatever that host's own instruction set.
 
-    python3 op_kernel/loop_model.py                      # every path, the default CPU models
-    python3 op_kernel/loop_model.py --paths avx2 --cpus znver1,skylake --views
-    attnres-ge loop-model --paths avx2                   # the same, from an installed checkout
+    python3 tools/loop_model.py                          # every path, the default CPU models
+    python3 tools/loop_model.py --paths avx2 --cpus znver1,skylake --views
 
-It needs the C++ sources, so it runs from a source checkout (an editable install), not from a wheel.
+A development tool: it needs the C++ sources, so it runs from a source checkout (it finds the checkout's
+op_kernel/csrc and setup.py from its own place in tools/, whatever the current directory), and imports nothing
+of the package; tools/ is not in the wheel.
 docs/kernels.md ("Where the cycles go") holds its table and what it says.
 """
 
@@ -36,9 +37,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-CSRC = HERE / "csrc"
-SETUP_PY = HERE.parent / "setup.py"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: this file is tools/loop_model.py
+CSRC = ROOT / "op_kernel" / "csrc"
+SETUP_PY = ROOT / "setup.py"
 
 PATHS = ("scalar", "avx2", "avx512", "avx512bf16")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -825,7 +826,7 @@ def write_csv(rows_by_path: dict[str, list[Row]], rows: int, target: Path) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="attnres-ge loop-model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tools/loop_model.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated instruction set paths")
     parser.add_argument("--cpus", default="", help="comma-separated llvm-mca CPU models (default: per path)")
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="N + 1, the rows per token (default 9)")

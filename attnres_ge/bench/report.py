@@ -1,0 +1,131 @@
+"""What a run reports beyond its result lines: speedups, the goal table, the block and stream table, the machine.
+
+--paths times everything on several of the native kernels' instruction set paths, one after the other in the
+same run. Where the goals' shape (GOAL_SHAPE) was timed, a table closes the run: per path and dtype, op-graph's
+and op-eager's fraction of the paired copy against GOALS.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as host_platform
+import sys
+
+import torch
+
+from attnres_ge.bench.cases.per_layer import PROVIDERS
+from attnres_ge.bench.harness import Measurement
+from attnres_ge.bench.paths import kernel_threads
+
+# The project's speed goals: the least fraction of the paired copy per (provider, direction), at GOAL_SHAPE,
+# on the vector paths (the scalar path is the portable fallback and has none).
+GOAL_SHAPE = (4096, 8, 2048)
+GOAL_PATHS = ("avx2", "avx512", "avx512bf16")
+GOALS = {("op-graph", "forward"): 0.90, ("op-graph", "backward"): 0.80,
+         ("op-eager", "forward"): 0.80, ("op-eager", "backward"): 0.60}
+
+
+def speedups(results: list[Measurement]) -> list[dict]:
+    """Every provider's median against every other's, per path, shape, dtype and direction; only between trusted
+    measurements (see harness.disturbance)."""
+    rows = []
+    keyed = {(m.path, m.shape, m.dtype, m.direction, m.provider): m for m in results if m.trusted}
+    for (path, shape, dtype, direction, provider), measurement in keyed.items():
+        for other in PROVIDERS:
+            baseline = keyed.get((path, shape, dtype, direction, other))
+            if baseline is not None and other != provider:
+                rows.append({"path": path, "shape": shape, "dtype": dtype, "direction": direction,
+                             "provider": provider, "against": other,
+                             "speedup": baseline.median_ms / measurement.median_ms})
+    return rows
+
+
+def goal_rows(results: list[Measurement], shapes: dict[str, tuple[int, int, int]]) -> list[dict]:
+    """Per vector path, dtype and goal (GOALS) at GOAL_SHAPE: the fraction of the paired copy reached, and whether
+    it meets the goal (None when the measurement was disturbed: no fraction to judge)."""
+    rows = []
+    for m in results:
+        goal = GOALS.get((m.provider, m.direction))
+        if goal is None or shapes.get(m.shape) != GOAL_SHAPE or m.path not in GOAL_PATHS:
+            continue
+        fraction = m.fraction_of_copy if m.trusted else None
+        rows.append({"path": m.path, "dtype": m.dtype, "provider": m.provider, "direction": m.direction,
+                     "goal": goal, "fraction_of_copy": fraction,
+                     "met": None if fraction is None else fraction >= goal})
+    return rows
+
+
+def goal_table(rows: list[dict]) -> list[str]:
+    """goal_rows as printed lines: a column per goal, a row per path and dtype."""
+    columns = list(GOALS)
+    cells = {(r["path"], r["dtype"], r["provider"], r["direction"]): r for r in rows}
+    passes = {"forward": "fwd", "backward": "bwd"}
+    header = "".join(f"{provider.removeprefix('op-')} {passes[direction]} >= {goal:.0%}".ljust(22)
+                     for (provider, direction), goal in GOALS.items())
+    lines = [f"goals at T={GOAL_SHAPE[0]} N={GOAL_SHAPE[1]} H={GOAL_SHAPE[2]}, fraction of the paired copy:",
+             f"  {'path':<12}{'dtype':<10}{header}".rstrip()]
+    for path, dtype in dict.fromkeys((r["path"], r["dtype"]) for r in rows):
+        line = f"  {path:<12}{dtype:<10}"
+        for provider, direction in columns:
+            line += _goal_cell(cells.get((path, dtype, provider, direction))).ljust(22)
+        lines.append(line.rstrip())
+    return lines
+
+
+def _goal_cell(row: dict | None) -> str:
+    if row is None:
+        return "not timed"
+    if row["met"] is None:
+        return "disturbed"
+    return f"{row['fraction_of_copy']:.0%} {'met' if row['met'] else 'NOT MET'}"
+
+
+def block_rows(results: list[Measurement], providers: tuple[str, str]) -> list[dict]:
+    """Per block or stream shape timed both ways (`providers`: per-layer, two-phase; trusted only): the two-phase
+    speedup over the per-layer reads, beside the ratio the traffic model predicts."""
+    keyed = {(m.shape, m.provider): m for m in results if m.trusted}
+    rows = []
+    for shape in dict.fromkeys(m.shape for m in results):
+        per_layer, two_phase = keyed.get((shape, providers[0])), keyed.get((shape, providers[1]))
+        if per_layer is None or two_phase is None:
+            continue
+        rows.append({"shape": shape, "per_layer_path": per_layer.path, "two_phase_path": two_phase.path,
+                     "per_layer_ms": per_layer.median_ms, "two_phase_ms": two_phase.median_ms,
+                     "speedup": per_layer.median_ms / two_phase.median_ms,
+                     "traffic_ratio": per_layer.traffic_bytes / two_phase.traffic_bytes})
+    return rows
+
+
+def block_table(rows: list[dict]) -> list[str]:
+    """block_rows as printed lines."""
+    lines = ["one block (R reads between two seals) or one forward of the stream, two-phase against per-layer reads:"]
+    for row in rows:
+        lines.append(f"  {row['shape']:<26} per-layer ({row['per_layer_path']}) {row['per_layer_ms']:10.3f} ms  "
+                     f"two-phase ({row['two_phase_path']}) {row['two_phase_ms']:10.3f} ms  "
+                     f"speedup {row['speedup']:6.2f}x  (traffic model {row['traffic_ratio']:.2f}x)")
+    return lines
+
+
+def machine() -> dict:
+    from attnres_ge.op_kernel import active_implementation, describe_implementation
+
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "kernel_threads": kernel_threads(), "kernels": active_implementation(),
+            "kernel_path": describe_implementation(),
+            "machine": host_platform.machine(), "processor": host_platform.processor()}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        info["cpu"] = f"{len(names)} x {names[0]}" if names else ""
+    except OSError:
+        pass
+    for name, path in (("thp", "/sys/kernel/mm/transparent_hugepage/enabled"),):
+        try:
+            with open(path) as handle:
+                info[name] = handle.read().strip()
+        except OSError:
+            pass
+    # Whether torch puts large allocations (the inputs) in huge pages: it changes the ops' time from memory
+    # (docs/memory.md, "Your inputs' pages").
+    info["torch_huge_page_allocs"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
+    return info
