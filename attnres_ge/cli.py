@@ -32,6 +32,8 @@ def cmd_train(args) -> int:
 
 # The Block AttnRes pair by their old short names (`--op forward`, `--op backward`).
 TILING_ALIASES = {"forward": "block_attention_residuals", "backward": "block_attention_residuals_backward"}
+
+
 def tiling_attrs(proto, args) -> dict:
     """The attributes given by --attr NAME=VALUE, --norm-eps and --need-backward, typed by the prototype."""
     kinds = {attr.name: attr.kind for attr in proto.attrs}

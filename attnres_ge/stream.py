@@ -122,6 +122,13 @@ class _Span:
                                       strict=True))
         self.next_reader = 0
 
+    @classmethod
+    def empty(cls) -> _Span:
+        """A span no read may come in (seal(readers=[])): its accumulated outputs fold into live at the next seal."""
+        span = cls.__new__(cls)
+        span.readers, span.reader_states, span.next_reader = [], [], 0
+        return span
+
 
 class ResidualStream:
     """The residual stream a Block AttnRes model's forward drives (see the module docstring for the schedule).
@@ -237,7 +244,7 @@ class ResidualStream:
         self._append_snapshot()
         self.num_sealed += 1
         if reason is None:
-            self.span = self._prepare(readers)
+            self.span = self._prepare(readers) if readers else _Span.empty()
 
     def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
         if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
@@ -322,8 +329,10 @@ class ResidualStream:
         """Why the span a seal opens (with num_sealed snapshots) cannot run two-phase, or None when it can."""
         if not self.uses_two_phase_storage:
             return "the stream was built with two_phase=False, with grad mode on, or without the ops"
-        if not readers:
+        if readers is None:
             return "seal() was not given the readers of the span (readers=[...])"
+        if not readers:  # an empty span: nothing reads before the next seal, so there is nothing to prepare
+            return None
         if num_sealed > _PREPARE_MAX_BLOCKS:
             return f"{num_sealed} snapshots exceed block_attn_res_prepare's limit of {_PREPARE_MAX_BLOCKS}"
         if len({mixer.norm_eps for mixer in readers}) > 1:

@@ -317,7 +317,7 @@ import torch
 
 import attnres_ge
 sys.path.insert(0, sys.argv[1])
-import scaled_add  # appends its registry entry to ops.OPS
+import add_into  # defines the op and appends its registry entry to ops.OPS
 from attnres_ge import bench
 from attnres_ge.bench import harness
 from attnres_ge.bench.cases import registry
@@ -333,16 +333,16 @@ def inputs(dims, dtype):
     return (x, y), {"alpha": 0.5}
 
 
-assert "scaled_add" not in registry.generic_ops()  # no bench_inputs: listed as untimed
-ops.OPS = tuple(dataclasses.replace(op, bench_inputs=inputs) if op.name == "scaled_add" else op for op in ops.OPS)
+assert "add_into" not in registry.generic_ops()  # no bench_inputs: listed as untimed
+ops.OPS = tuple(dataclasses.replace(op, bench_inputs=inputs) if op.name == "add_into" else op for op in ops.OPS)
 bench.main(["--list"])
-registry.NAMED_SHAPES["scaled_add"] = {"scaled_add_T8_H64": (8, 64)}
-bench.main(["--ops", "scaled_add", "--rounds", "3", "--dtypes", "float32", "bfloat16", "--json", sys.argv[2]])
+registry.NAMED_SHAPES["add_into"] = {"add_into_T8_H64": (8, 64)}
+bench.main(["--ops", "add_into", "--rounds", "3", "--dtypes", "float32", "bfloat16", "--json", sys.argv[2]])
 """
 
 
 def test_the_generic_family_times_a_registry_op_added_at_run_time(tmp_path):
-    """tests/third_op/scaled_add.py appends its op to the registry; given bench_inputs, the bench lists it (with
+    """tests/third_op/add_into.py (x += y in place, returns z) appends its op to the registry; given bench_inputs, the bench lists it (with
     the default shape of its letters) and times it eagerly and through the graph, at a named shape of its own
     and the --dtypes its kernel takes. In a fresh process with the Python kernels, as tests/test_third_op.py."""
     out = tmp_path / "bench.json"
@@ -352,12 +352,12 @@ def test_the_generic_family_times_a_registry_op_added_at_run_time(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     listed = [line.split() for line in result.stdout.splitlines() if line.startswith("op ")]
-    assert listed == [["op", "scaled_add_T4096_H2048", "T=4096", "H=2048", "default", "scaled_add"]]
-    assert "untimed    scaled_add: no family of its own and no bench_inputs" not in result.stdout
-    assert "scaled_add_T8_H64 float32 (3 rounds)" in result.stdout
-    assert "scaled_add_T8_H64 bfloat16" not in result.stdout  # the op takes float32 only
+    assert listed == [["op", "add_into_T4096_H2048", "T=4096", "H=2048", "default", "add_into"]]
+    assert "untimed    add_into: no family of its own and no bench_inputs" not in result.stdout
+    assert "add_into_T8_H64 float32 (3 rounds)" in result.stdout
+    assert "add_into_T8_H64 bfloat16" not in result.stdout  # the op takes float32 only
     results = json.loads(out.read_text())["results"]
     assert {(m["shape"], m["dtype"], m["provider"], m["direction"]) for m in results} == {
-        ("scaled_add_T8_H64", "float32", provider, "forward") for provider in ("op-eager", "op-graph")}
+        ("add_into_T8_H64", "float32", provider, "forward") for provider in ("op-eager", "op-graph")}
     for m in results:
         assert m["path"] == "python" and m["traffic_bytes"] == 3 * 8 * 64 * 4 and m["median_ms"] > 0

@@ -433,6 +433,28 @@ def test_two_phase_required_without_declared_readers_raises():
 
 
 @needs_two_phase
+def test_an_empty_span_is_legal_on_a_two_phase_stream():
+    """seal(readers=[]) declares that nothing reads before the next seal: no prepare, the outputs accumulated
+    meanwhile fold into live, and the next span reads as a stream that sealed without declaring readers."""
+    mixer = BlockAttnRes(HIDDEN)
+    with torch.no_grad():
+        streams = [ResidualStream(embeddings_of((3,)), two_phase=True), ResidualStream(embeddings_of((3,)))]
+        for stream, readers in zip(streams, ([], None), strict=True):
+            stream.seal(readers=readers)
+            stream.accumulate(embeddings_of((3,), seed=2))
+            stream.accumulate(embeddings_of((3,), seed=3))
+        with pytest.raises(ValueError, match=r"read 0 expected no further read"):
+            streams[0].read(mixer)
+        reads = []
+        for stream in streams:
+            stream.seal(readers=[mixer])
+            assert stream.two_phase_active
+            stream.accumulate(embeddings_of((3,), seed=4))
+            reads.append(stream.read(mixer))
+    assert torch.equal(*reads)
+
+
+@needs_two_phase
 def test_a_read_out_of_the_declared_order_raises():
     first, second = BlockAttnRes(HIDDEN), BlockAttnRes(HIDDEN)
     with torch.no_grad():

@@ -1,11 +1,14 @@
-"""A new op is its own files plus one entry in the op registry (docs/architecture.md, "How to add an op").
+"""A new op is its own files plus one entry in the op registry and one line in the list of native ops
+(docs/architecture.md, "How to add an op").
 
 In a copy of the repository, the toy op ScaledAdd (z = x + alpha * y; tests/third_op/scaled_add/, laid out
-as the layers are) is dropped into op_proto/, op_host/ and op_kernel/, and its entry is added to
-ge_plugin/ops.py; git then shows that file as the only one edited. In a fresh process of that copy, with the
-Python kernels (the toy op has no native kernel), everything that iterates the registry picks the op up:
-its torch op (schema, eager and fake implementations derived from the prototype), the converter and the
-local GE under torch.compile, validation, the CLI's `tiling` and `export-proto`, and the benchmark.
+as the layers are) is dropped into op_proto/, op_host/, op_kernel/ and op_kernel/csrc/, its entry is added
+to ge_plugin/ops.py and its launch header to op_kernel/csrc/native_op_list.h; git then shows those two
+files as the only ones edited. The copy's native kernels are built (unoptimised, to be quick) and, in a
+fresh process of that copy, everything that iterates the registry picks the op up: the native kernels
+(the op runs on its own, with the bits of its Python kernel), its torch op (schema, eager and fake
+implementations derived from the prototype), the converter and the local GE under torch.compile,
+validation, the CLI's `tiling` and `export-proto`, and the benchmark.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,11 +29,17 @@ import attnres_ge
 REPO = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).resolve().parent / "third_op" / "scaled_add"
 REGISTRY = "ge_plugin/ops.py"
-# The op's registry entry: where it is inserted in ge_plugin/ops.py (after the line that starts with the key).
+NATIVE_LIST = "op_kernel/csrc/native_op_list.h"
+# The op's lines in the two lists, by file: each inserted after the line that starts with its key.
 ENTRY_LINES = {
-    "from attnres_ge.op_kernel.block_attn_res_update import": "from attnres_ge.op_kernel import scaled_add",
-    "    BLOCK_ATTN_RES_UPDATE,": '    TorchOp(scaled_add.KERNEL, "scaled_add", bench_inputs=scaled_add.bench_inputs),',
+    REGISTRY: {
+        "from attnres_ge.op_kernel.block_attn_res_update import": "from attnres_ge.op_kernel import scaled_add",
+        "    BLOCK_ATTN_RES_UPDATE,": '    TorchOp(scaled_add.KERNEL, "scaled_add", bench_inputs=scaled_add.bench_inputs),',
+    },
+    NATIVE_LIST: {'#include "block_attn_res_update_launch.h"': '#include "scaled_add_launch.h"'},
 }
+NATIVE_SOURCES = ["native_module", "dispatch", "thread_pool", "openmp_team", "isa_scalar", "isa_avx2", "isa_avx512",
+                  "isa_avx512bf16"]  # setup.py's SOURCES
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,7 +54,12 @@ SCRIPT = textwrap.dedent(
     from attnres_ge import cli
     from attnres_ge.op_proto import AttnResInputError
 
+    from attnres_ge.op_kernel import _native, describe_implementation
+
     assert Path(attnres_ge.__file__).resolve().is_relative_to(Path.cwd()), attnres_ge.__file__
+    assert Path(_native.__file__).resolve().is_relative_to(Path.cwd()), _native.__file__
+    assert "ScaledAdd" in _native.record_layouts(), "the native module has no ScaledAdd"
+    assert describe_implementation().startswith("native"), describe_implementation()
     x, y = torch.randn(6, 40), torch.randn(6, 40)
     expected = torch.add(x, y, alpha=0.5)
     assert torch.equal(torch.ops.attnres.scaled_add(x, y, 0.5), expected), "eager"
@@ -105,11 +121,36 @@ def add_the_toy_op(repository: Path) -> None:
             target = repository / source.relative_to(TOY)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    lines = (repository / REGISTRY).read_text().splitlines()
-    for key, entry in ENTRY_LINES.items():
-        (index,) = [i for i, line in enumerate(lines) if line.startswith(key)]
-        lines.insert(index + 1, entry)
-    (repository / REGISTRY).write_text("\n".join(lines) + "\n")
+    for path, entries in ENTRY_LINES.items():
+        lines = (repository / path).read_text().splitlines()
+        for key, entry in entries.items():
+            (index,) = [i for i, line in enumerate(lines) if line.startswith(key)]
+            lines.insert(index + 1, entry)
+        (repository / path).write_text("\n".join(lines) + "\n")
+
+
+def build_native_kernels(repository: Path) -> None:
+    """op_kernel/_native of the copy, from its sources with setup.py's flags but unoptimised (seconds, not minutes)."""
+    csrc, objects = repository / "op_kernel" / "csrc", repository / "build" / "native"
+    objects.mkdir(parents=True)
+    flags = ["-std=c++17", "-O0", "-fPIC", "-pthread", "-ffp-contract=off", f"-I{csrc}",
+             f"-I{sysconfig.get_paths()['include']}"]
+
+    def compile_one(name: str) -> Path:
+        target = objects / f"{name}.o"
+        run_checked(["g++", *flags, "-c", str(csrc / f"{name}.cpp"), "-o", str(target)])
+        return target
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(pool.map(compile_one, NATIVE_SOURCES))
+    module = repository / "op_kernel" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+    module.unlink(missing_ok=True)
+    run_checked(["g++", "-shared", "-pthread", *map(str, built), "-o", str(module)])
+
+
+def run_checked(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-3000:]}"
 
 
 def installed_from_a_wheel() -> bool:
@@ -125,13 +166,16 @@ def test_a_new_op_is_its_own_files_and_one_registry_entry(tmp_path):
     add_the_toy_op(repository)
 
     changed = sorted(git(repository, "status", "--porcelain", "--untracked-files=all").splitlines())
-    assert changed == [f" M {REGISTRY}", "?? op_host/scaled_add_tiling.py", "?? op_kernel/scaled_add.py",
-                       "?? op_proto/scaled_add.py"]
-    diff = git(repository, "diff", "--unified=0", REGISTRY).splitlines()
-    edits = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    assert edits == [f"+{entry}" for entry in ENTRY_LINES.values()]
+    new_files = sorted(f"?? {path.relative_to(TOY).as_posix()}" for path in TOY.rglob("*") if path.is_file()
+                       and "__pycache__" not in path.parts)
+    assert changed == sorted([f" M {REGISTRY}", f" M {NATIVE_LIST}", *new_files])
+    for path, entries in ENTRY_LINES.items():
+        diff = git(repository, "diff", "--unified=0", path).splitlines()
+        edits = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        assert edits == [f"+{entry}" for entry in entries.values()]
 
-    env = dict(os.environ, ATTNRES_GE_KERNEL="python")
+    build_native_kernels(repository)
+    env = dict(os.environ, ATTNRES_GE_KERNEL="native")
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out")], cwd=repository, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

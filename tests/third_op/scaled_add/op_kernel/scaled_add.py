@@ -1,4 +1,5 @@
-"""Python kernel of the toy op ScaledAdd (the oracle), and its inputs for the benchmark."""
+"""Python kernel of the toy op ScaledAdd (the oracle of its native kernel, csrc/scaled_add_kernel.h), and its
+inputs for the benchmark."""
 
 from __future__ import annotations
 
@@ -17,4 +18,4 @@ def bench_inputs(dims: dict[str, int], dtype: torch.dtype):
     return (torch.randn(shape), torch.randn(shape)), {"alpha": 0.5}
 
 
-KERNEL = OpKernel(TILING, scaled_add_kernel, has_native=False)
+KERNEL = OpKernel(TILING, scaled_add_kernel)
