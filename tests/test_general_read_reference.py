@@ -18,8 +18,8 @@ computing in float32 fails it. Inkling2's eager attention takes its softmax in f
 the float64 tier runs Inkling2 on its sdpa path; eager and sdpa both run as shipped, in float32, against
 FLOAT32_TOL (1e-5 of the largest magnitude; measured 4e-7).
 
-The peers are installed by the Makefile (the `models` extra and fla-core, with --no-deps: README
-"Install"). Without them these tests are skipped, except under CI (env CI set), where they fail.
+The Makefile installs the peers (pyproject.toml's `models` extra, and fla-core with --no-deps). Without
+them these tests are skipped, except under CI (env CI set), where they fail.
 """
 
 from __future__ import annotations
