@@ -19,6 +19,11 @@ WHEELS := build/wheels
 # torch_npu's own dependencies besides torch (installed by hand, since torch_npu goes in with --no-deps),
 # and what torchair imports without declaring it.
 NPU_DEPS := numpy pyyaml "protobuf>=6.31.1,<8" packaging
+# The peers of tests/test_general_read_reference.py: the `models` extra of pyproject.toml (repeated here for
+# the next venv, which installs the wheel without its extras), pip-resolved on the same command line as a
+# pinned torch so that it never changes torch; and fla-core with --no-deps (its Triton is never imported).
+MODEL_PEERS := "transformers>=5.25,<6" "einops>=0.8"
+FLA_CORE := fla-core==0.6.0
 # What a wheel is made of: a change to any of these rebuilds it (ninja recompiles only changed C++).
 PACKAGE_SOURCES := pyproject.toml setup.py $(shell find attnres_ge op_proto op_host op_kernel ge_plugin examples \
 	-name '*.py' -o -name '*.proto' 2>/dev/null)
@@ -41,7 +46,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
 	$(VENV)/bin/pip install --quiet torch==$(TORCH) ninja
-	$(call IN_VENV,$(VENV)) $(VENV)/bin/pip install --quiet --no-build-isolation -e '.[test]'
+	$(call IN_VENV,$(VENV)) $(VENV)/bin/pip install --quiet --no-build-isolation -e '.[test,models]' torch==$(TORCH)
+	$(VENV)/bin/pip install --quiet --no-deps $(FLA_CORE)
 	touch $@
 
 # The main suite a second time on the newer torch, against the wheel built for it (installed, not editable:
@@ -50,7 +56,8 @@ $(NEXT_VENV)/.installed: pyproject.toml
 	test -x $(NEXT_VENV)/bin/python || $(PYTHON) -m venv $(NEXT_VENV)
 	$(NEXT_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
 	$(NEXT_VENV)/bin/pip install --quiet torch==$(TORCH_NEXT) ninja "protobuf>=6.31.1,<8" \
-		"pytest>=8" "hypothesis>=6.100" numpy matplotlib
+		"pytest>=8" "hypothesis>=6.100" numpy matplotlib $(MODEL_PEERS)
+	$(NEXT_VENV)/bin/pip install --quiet --no-deps $(FLA_CORE)
 	touch $@
 
 # One wheel per torch version, built with that torch; reused by every venv of that torch.

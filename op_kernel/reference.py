@@ -213,3 +213,57 @@ def block_attn_res_update_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the updated partial_block [T, D], h [T, D]), both float64; `partial_block` itself is not changed."""
     return update_math(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, eps, torch.float64)
+
+
+# ------------------------------------------------------------------------------------ the general read
+
+def general_read_reference(
+    query: torch.Tensor,  # [S, H]
+    sources: list[torch.Tensor] | tuple[torch.Tensor, ...],  # L tensors [..., H], L = N+1 >= 1
+    key_norm_weight: torch.Tensor | None = None,  # [H]; None: unweighted RMS norm
+    output_norm_weight: torch.Tensor | None = None,  # [H] or [S, H]; None: no output norm
+    eps: float = 1e-6,
+    scale: float = 1.0,
+    normalize_values: bool = False,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The general read of Block AttnRes, in float64: S queries over the same L sources, per token.
+
+    With v_i [H] source i of a token (i < L), q_s [H] query s (s < S), w the key-norm weight
+    (1 when None) and g the output-norm weight (of query s when given as [S, H]):
+        r_i   = 1 / sqrt(mean_h v_i^2 + eps)
+        k_i   = w * v_i * r_i                                  (RMSNorm, weight w)
+        p_s,i = softmax_i(scale * <q_s, k_i>)
+        o_s   = sum_i p_s,i u_i,   u_i = v_i * r_i if normalize_values else v_i
+        o_s   = g * o_s / sqrt(mean_h o_s^2 + eps)              (only with output_norm_weight)
+    The values are mixed raw (the paper, FLA's naive_attnres/fused_attnres) or normalised without w
+    (Inkling2, whose keys carry no weight and whose scale is H**-0.5). One eps serves both norms, as in FLA.
+    The op computes in float32 and rounds o once to the sources' dtype; this oracle returns float64.
+
+    Returns o [S, ..., H] and, with `return_weights`, also p [S, L, ...], both float64.
+    """
+    if query.dim() != 2:
+        raise ValueError(f"query must be [S, H], got {list(query.shape)}")
+    if len(sources) == 0:
+        raise ValueError("sources must hold at least one tensor")
+    shape = sources[0].shape
+    if any(source.shape != shape for source in sources):
+        raise ValueError(f"every source must have the shape {list(shape)}")
+    hidden = shape[-1]
+    if query.shape[-1] != hidden:
+        raise ValueError(f"query's last dimension is {query.shape[-1]}, the sources' is {hidden}")
+    rows = torch.stack([source.to(torch.float64) for source in sources])  # [L, ..., H]
+    inv_rms = torch.rsqrt(rows.pow(2).mean(dim=-1, keepdim=True) + eps)  # [L, ..., 1]
+    normed = rows * inv_rms
+    keys = normed if key_norm_weight is None else normed * key_norm_weight.to(torch.float64).reshape(hidden)
+    q = query.to(torch.float64)  # [S, H]
+    logits = scale * torch.einsum("sh,l...h->sl...", q, keys)  # [S, L, ...]
+    weights = torch.softmax(logits, dim=1)
+    values = normed if normalize_values else rows
+    out = torch.einsum("sl...,l...h->s...h", weights, values)  # [S, ..., H]
+    if output_norm_weight is not None:
+        gain = output_norm_weight.to(torch.float64)
+        if gain.dim() == 2:  # one weight per query: [S, 1, ..., 1, H]
+            gain = gain.reshape(gain.shape[0], *([1] * (len(shape) - 1)), hidden)
+        out = gain * out * torch.rsqrt(out.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (out, weights) if return_weights else out
