@@ -4,8 +4,9 @@
     hidden = attnres_ge.block_attention_residuals(partial_block, block_res, proj_weight, norm_weight)
     stream = attnres_ge.ResidualStream(embeddings)   # a model's residual stream: read / seal / accumulate
 
-Importing registers torch.ops.attnres.block_attention_residuals and
-torch.ops.attnres.block_attention_residuals_backward.
+Importing defines torch.ops.attnres.<name> for every op of the registry (ge_plugin/ops.py): the training
+pair block_attention_residuals / block_attention_residuals_backward and the two-phase pair
+block_attn_res_prepare / block_attn_res_update.
 
 The subpackages, each importing only those before it (tests/test_layers.py checks it):
 

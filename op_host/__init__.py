@@ -1,4 +1,4 @@
-"""Host side of the Block AttnRes ops: platform, TilingParse, Tiling and the launch runtime."""
+"""Host side of the ops: platforms, TilingParse and Tiling (the launch runtime is op_kernel/launcher.py)."""
 
 from attnres_ge.op_host.platform import PlatformInfo, PlatformProfile, host_profile, profile_by_name
 from attnres_ge.op_host.tiling_base import (
