@@ -32,6 +32,7 @@ def cmd_train(args) -> int:
 
 # The Block AttnRes pair by their old short names (`--op forward`, `--op backward`).
 TILING_ALIASES = {"forward": "block_attention_residuals", "backward": "block_attention_residuals_backward"}
+TILING_WHERE = "attnres-ge tiling"  # where a shape or attribute was rejected, in the prototype's messages
 
 
 def tiling_attrs(proto, args) -> dict:
@@ -61,7 +62,6 @@ def cmd_tiling(args) -> int:
     from attnres_ge.ge_plugin.ops import op_named
     from attnres_ge.op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
     from attnres_ge.op_kernel import describe_implementation
-    from attnres_ge.op_proto import WHERE_PROTOTYPE
 
     try:
         op = op_named(TILING_ALIASES.get(args.op, args.op))
@@ -70,8 +70,8 @@ def cmd_tiling(args) -> int:
     proto, op_tiling = op.prototype, op.kernel.tiling
     profile = profile_by_name(args.soc)
     platform = PlatformInfo(profile, filled=not args.cold, runtime=lambda: profile)
-    metas = proto.example_metas(args.shape, DTYPES[args.dtype])
-    attrs, _ = proto.check(metas, tiling_attrs(proto, args), WHERE_PROTOTYPE)
+    metas = proto.example_metas(args.shape, DTYPES[args.dtype], TILING_WHERE)
+    attrs, _ = proto.check(metas, tiling_attrs(proto, args), TILING_WHERE)
     info = op_tiling.parse(platform)
     result = op_tiling.tiling(info, metas, attrs, platform)
     print(f"op             {info.op_type}")

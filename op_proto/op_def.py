@@ -248,12 +248,12 @@ class OpPrototype:
         """Every dimension letter of the inputs' layouts, in order of first use (T, N, H for the forward)."""
         return list(dict.fromkeys(letter for arg in self.inputs for letter in arg.letters()))
 
-    def example_metas(self, dims: Mapping[str, int], dtype: torch.dtype) -> dict[str, TensorMeta]:
+    def example_metas(self, dims: Mapping[str, int], dtype: torch.dtype, where: str) -> dict[str, TensorMeta]:
         """Input metas of the layouts' first forms for `dims` (a letter -> size map covering letters()); each
         input takes `dtype` where it accepts it, else its first accepted dtype. For tools (the CLI's tiling)."""
         missing = [letter for letter in self.letters() if letter not in dims]
         if missing:
-            Checker(self.op_type, WHERE_PROTOTYPE).fail(
+            Checker(self.op_type, where).fail(
                 f"the input layouts use dims {', '.join(self.letters())}; missing {', '.join(missing)}")
         return {arg.name: TensorMeta(arg.example_shape(dims),
                                      dtype if dtype in arg.accepted_dtypes else arg.accepted_dtypes[0])
