@@ -180,12 +180,14 @@ def test_demo_check_gives_its_verdict_and_points_to_the_tiling(capsys):
 
 
 def test_cli_tiling_takes_every_registry_op_by_its_letters(capsys):
-    assert main(["tiling", "--op", "block_attn_res_prepare", "--shape", "T=64,N=4,S=2,D=256", "--attr", "eps=1e-5"]) == 0
+    shape = ["--shape", "T=64,N=4,S=2,D=256"]
+    assert main(["tiling", "--op", "block_attn_res_prepare", *shape, "--attr", "eps=1e-5"]) == 0
     out = capsys.readouterr().out
     assert "op             BlockAttnResPrepare" in out and "shape          T=64 N=4 D=256 S=2 float32" in out
     assert "  eps                  1e-05" in out
     assert main(["tiling", "--op", "BlockAttnResUpdate", "--shape", "64,4,256"]) == 2
-    assert "BlockAttnResUpdate (attnres-ge tiling): the input layouts use dims T, D; missing D" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "BlockAttnResUpdate (attnres-ge tiling): the input layouts use dims T, D; missing D" in err
     assert main(["tiling", "--op", "forward", "--shape", "64,4,256", "--attr", "eps=1"]) == 2
     assert "BlockAttentionResiduals has no attribute eps" in capsys.readouterr().err
     assert main(["tiling", "--op", "no_such_op", "--shape", "64,4,256"]) == 2
