@@ -31,10 +31,11 @@ TOY = Path(__file__).resolve().parent / "third_op" / "scaled_add"
 REGISTRY = "ge_plugin/ops.py"
 NATIVE_LIST = "op_kernel/csrc/native_op_list.h"
 # The op's lines in the two lists, by file: each inserted after the line that starts with its key.
+TOY_ENTRY = '    TorchOp(scaled_add.KERNEL, "scaled_add", bench_inputs=scaled_add.bench_inputs),'
 ENTRY_LINES = {
     REGISTRY: {
         "from attnres_ge.op_kernel.block_attn_res_update import": "from attnres_ge.op_kernel import scaled_add",
-        "    BLOCK_ATTN_RES_UPDATE,": '    TorchOp(scaled_add.KERNEL, "scaled_add", bench_inputs=scaled_add.bench_inputs),',
+        "    BLOCK_ATTN_RES_UPDATE,": TOY_ENTRY,
     },
     NATIVE_LIST: {'#include "block_attn_res_update_launch.h"': '#include "scaled_add_launch.h"'},
 }
