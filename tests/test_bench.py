@@ -342,9 +342,9 @@ bench.main(["--ops", "add_into", "--rounds", "3", "--dtypes", "float32", "bfloat
 
 
 def test_the_generic_family_times_a_registry_op_added_at_run_time(tmp_path):
-    """tests/third_op/add_into.py (x += y in place, returns z) appends its op to the registry; given bench_inputs, the bench lists it (with
-    the default shape of its letters) and times it eagerly and through the graph, at a named shape of its own
-    and the --dtypes its kernel takes. In a fresh process with the Python kernels, as tests/test_third_op.py."""
+    """tests/third_op/add_into.py (x += y in place, returns z) appends its op to the registry; given bench_inputs,
+    the bench lists it (with the default shape of its letters) and times it eagerly and through the graph, at a
+    named shape of its own and the --dtypes its kernel takes. In a fresh process with the Python kernels."""
     out = tmp_path / "bench.json"
     env = dict(os.environ, ATTNRES_GE_KERNEL="python")
     third_op = Path(__file__).resolve().parent / "third_op"
