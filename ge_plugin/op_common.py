@@ -2,10 +2,10 @@
 
 Every op of the registry is defined on one torch.library.Library (namespace `attnres`) by
 `define_op`, which derives its schema from the prototype (ops.TorchOp.schema) and registers its fake
-implementation (register_fake) and its CPU kernel, both taking the schema's arguments generically. The CPU kernel is the
-C++ one of ge_plugin/csrc when that extension is built (`CPP_ENTRY`): it runs a repeated input
-signature without entering Python. Its first call of each signature, and every call when it is
-not built, runs `run_eager` here; the local GE's compiled nodes use the same extension.
+implementation (register_fake) and its CPU kernel, both taking the schema's arguments generically.
+The CPU kernel is the C++ one of ge_plugin/csrc when that extension is built (`CPP_ENTRY`): it runs a
+repeated input signature without entering Python. Its first call of each signature, and every call
+when it is not built, runs `run_eager` here; the local GE's compiled nodes use the same extension.
 
 Eager (the two-phase flow of an aclnn call): the launcher's plan for these inputs
 (validation by the prototype's InferDataType/InferShape, then Tiling; cached per
