@@ -122,13 +122,6 @@ class _Span:
                                       strict=True))
         self.next_reader = 0
 
-    @classmethod
-    def empty(cls) -> _Span:
-        """A span no read may come in (seal(readers=[])): its accumulated outputs fold into live at the next seal."""
-        span = cls.__new__(cls)
-        span.readers, span.reader_states, span.next_reader = [], [], 0
-        return span
-
 
 class ResidualStream:
     """The residual stream a Block AttnRes model's forward drives (see the module docstring for the schedule).
@@ -244,7 +237,7 @@ class ResidualStream:
         self._append_snapshot()
         self.num_sealed += 1
         if reason is None:
-            self.span = self._prepare(readers) if readers else _Span.empty()
+            self.span = self._prepare(readers)
 
     def _read_live_alone(self, mixer: BlockAttnRes) -> torch.Tensor:
         if self.uses_two_phase_storage:  # no grad here; live is updated in place later: hand out a copy
@@ -343,6 +336,8 @@ class ResidualStream:
         return tensor if tensor.dim() == 1 + len(trailing) else tensor.reshape(-1, *trailing)
 
     def _prepare(self, readers: list[BlockAttnRes]) -> _Span:
+        if not readers:  # an empty span (seal(readers=[])): no read may come; its outputs fold in at the next seal
+            return _Span([], *(torch.empty(0),) * 4)
         hidden, capacity = self.shape[-1], self.snapshots.shape[-2]
         # Prepare reads the first valid_blocks slots of each token and no other: the whole buffer goes in as it
         # is, unless it has more slots than prepare takes (max_blocks > 64), when the sealed ones are copied out.
