@@ -17,6 +17,7 @@ import torch
 from attnres_ge.bench.cases.common import compiled_op
 from attnres_ge.bench.cases.registry import op_letters
 from attnres_ge.bench.paths import op_path
+from attnres_ge.shapes import DTYPES
 
 OP_PROVIDERS = ("op-eager", "op-graph")
 
@@ -29,8 +30,6 @@ def _tensors(outputs) -> list[torch.Tensor]:
 
 def timed_dtypes(op, dtype_names: list[str]) -> list[str]:
     """The --dtypes an op's kernel is compiled for: those its dtype input (OpKernel.dtype_index) accepts."""
-    from attnres_ge.shapes import DTYPES
-
     accepted = op.prototype.inputs[op.kernel.dtype_index].accepted_dtypes
     return [name for name in dtype_names if DTYPES[name] in accepted]
 
