@@ -62,19 +62,19 @@ def cmd_tiling(args) -> int:
     from attnres_ge.ge_plugin.ops import op_named
     from attnres_ge.op_host.platform import HOST_SOC, PlatformInfo, profile_by_name
     from attnres_ge.op_kernel import describe_implementation
+    from attnres_ge.op_kernel.launcher import HostRuntime
 
     try:
         op = op_named(TILING_ALIASES.get(args.op, args.op))
     except KeyError as error:
         raise ValueError(error.args[0]) from None
-    proto, op_tiling = op.prototype, op.kernel.tiling
+    proto = op.prototype
     profile = profile_by_name(args.soc)
     platform = PlatformInfo(profile, filled=not args.cold, runtime=lambda: profile)
     metas = proto.example_metas(args.shape, DTYPES[args.dtype], TILING_WHERE)
     attrs, _ = proto.check(metas, tiling_attrs(proto, args), TILING_WHERE)
-    info = op_tiling.parse(platform)
-    result = op_tiling.tiling(info, metas, attrs, platform)
-    print(f"op             {info.op_type}")
+    result = HostRuntime(platform).tiling(op.kernel, metas, attrs)  # TilingParse, then Tiling
+    print(f"op             {op.op_type}")
     print(f"platform       {profile.soc}: {profile.vector_core_num} vector cores, {profile.ub_size} bytes buffer each"
           + (" (handle empty at TilingParse, re-queried at Tiling)" if args.cold else ""))
     shape = " ".join(f"{letter}={args.shape[letter]}" for letter in proto.letters())
