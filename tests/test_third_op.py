@@ -39,8 +39,6 @@ ENTRY_LINES = {
     },
     NATIVE_LIST: {'#include "block_attn_res_update_launch.h"': '#include "scaled_add_launch.h"'},
 }
-NATIVE_SOURCES = ["native_module", "dispatch", "thread_pool", "openmp_team", "isa_scalar", "isa_avx2", "isa_avx512",
-                  "isa_avx512bf16"]  # setup.py's SOURCES
 
 SCRIPT = textwrap.dedent(
     """
@@ -137,13 +135,13 @@ def build_native_kernels(repository: Path) -> None:
     flags = ["-std=c++17", "-O0", "-fPIC", "-pthread", "-ffp-contract=off", f"-I{csrc}",
              f"-I{sysconfig.get_paths()['include']}"]
 
-    def compile_one(name: str) -> Path:
-        target = objects / f"{name}.o"
-        run_checked(["g++", *flags, "-c", str(csrc / f"{name}.cpp"), "-o", str(target)])
+    def compile_one(source: Path) -> Path:
+        target = objects / f"{source.stem}.o"
+        run_checked(["g++", *flags, "-c", str(source), "-o", str(target)])
         return target
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        built = list(pool.map(compile_one, NATIVE_SOURCES))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # every .cpp there: setup.py's SOURCES
+        built = list(pool.map(compile_one, sorted(csrc.glob("*.cpp"))))
     module = repository / "op_kernel" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
     module.unlink(missing_ok=True)
     run_checked(["g++", "-shared", "-pthread", *map(str, built), "-o", str(module)])
