@@ -69,22 +69,32 @@ class TorchOp:
 
     def schema(self) -> str:
         """The torch schema, without the name: `(arguments) -> returns`, from the prototype."""
-        proto = self.prototype
-        arguments = [_tensor_argument(arg.name, arg.presence, proto.is_reference_output(arg.name))
-                     for arg in proto.inputs]
-        attributes = [_attribute_argument(attr.name, attr.kind, attr.default) for attr in proto.attrs]
-        if self.keyword_only_attrs and attributes:
-            attributes.insert(0, "*")
-        returns = [f"Tensor {name}" if self.named_outputs else "Tensor" for name in self.returned_outputs()]
-        returned = returns[0] if len(returns) == 1 else f"({', '.join(returns)})"
-        return f"({', '.join(arguments + attributes)}) -> {returned}"
+        return torch_schema(self.prototype, self.keyword_only_attrs, self.named_outputs)
+
+
+def torch_schema(proto: OpPrototype, keyword_only_attrs: bool, named_outputs: bool) -> str:
+    """`(arguments) -> returns` of a torch op for `proto`: its inputs then its attributes (after `*` when
+    keyword-only), returning every output that is not a reference output (named when `named_outputs`)."""
+    arguments = [_tensor_argument(arg.name, arg.presence, proto.is_reference_output(arg.name))
+                 for arg in proto.inputs]
+    attributes = [_attribute_argument(attr.name, attr.kind, attr.default) for attr in proto.attrs]
+    if keyword_only_attrs and attributes:
+        attributes.insert(0, "*")
+    returns = [_tensor_type(arg.presence) + (f" {arg.name}" if named_outputs else "")
+               for arg in proto.outputs if not proto.is_reference_output(arg.name)]
+    returned = returns[0] if len(returns) == 1 else f"({', '.join(returns)})"
+    return f"({', '.join(arguments + attributes)}) -> {returned}"
+
+
+def _tensor_type(presence: str) -> str:
+    return "Tensor[]" if presence == "dynamic" else "Tensor"
 
 
 def _tensor_argument(name: str, presence: str, updated_in_place: bool) -> str:
-    if presence == "dynamic":
-        raise NotImplementedError(f"input {name}: a dynamic (list) input has no torch schema form here yet")
     alias = "(a!)" if updated_in_place else ""
-    return f"Tensor{alias}? {name}=None" if presence == "optional" else f"Tensor{alias} {name}"
+    if presence == "optional":
+        return f"Tensor{alias}? {name}=None"
+    return f"{_tensor_type(presence)}{alias} {name}"
 
 
 def _attribute_argument(name: str, kind: str, default) -> str:

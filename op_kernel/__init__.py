@@ -64,6 +64,12 @@ def native_available() -> bool:
     return _native_module is not None
 
 
+def native_module():
+    """op_kernel.native, for kernels called with their tensors (the read's); ImportError when unavailable."""
+    _require("native")
+    return _native_module
+
+
 def _require(implementation: str) -> None:
     if implementation == "native" and _native_module is None:
         raise ImportError(f"native kernels unavailable: {NATIVE_UNAVAILABLE_REASON}; {BUILD_HINT}")
@@ -158,4 +164,5 @@ __all__ = [
     "describe_implementation",
     "kernel",
     "native_available",
+    "native_module",
 ]

@@ -259,20 +259,25 @@ class OpPrototype:
                                      dtype if dtype in arg.accepted_dtypes else arg.accepted_dtypes[0])
                 for arg in self.inputs}
 
-    def input_metas(self, tensors: Sequence[torch.Tensor], where: str = WHERE_PROTOTYPE) -> dict[str, TensorMeta]:
-        """The TensorMeta of each input tensor, by prototype input name (after check_tensors)."""
+    def input_metas(self, tensors: Sequence, where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
+        """The TensorMeta of each input tensor, by prototype input name (after check_tensors): a tuple of
+        them for a dynamic (list) input, None for an optional input left out."""
         self.check_tensors(tensors, where)
-        return {arg.name: TensorMeta.of(tensor) for arg, tensor in zip(self.inputs, tensors, strict=True)}
+        return {arg.name: _meta_of(value) for arg, value in zip(self.inputs, tensors, strict=True)}
 
     def check_tensors(self, tensors: Sequence, where: str) -> None:
-        """One tensor per prototype input; None or another object where a tensor belongs is named."""
+        """One value per prototype input: a tensor; a non-empty list of tensors for a dynamic input; a tensor
+        or None for an optional one. Anything else is named."""
         checker = Checker(self.op_type, where)
         if len(tensors) != len(self.inputs):
             checker.fail(f"takes {len(self.inputs)} tensors ({', '.join(self.input_names())}), got {len(tensors)}")
         for arg, value in zip(self.inputs, tensors, strict=True):
-            if not isinstance(value, torch.Tensor):
-                got = "None" if value is None else f"{type(value).__name__} {value!r:.60}"
-                checker.fail(f"{arg.name} must be a tensor {arg.layout}, got {got}")
+            if arg.presence == "optional" and value is None:
+                continue
+            if arg.presence == "dynamic":
+                _check_tensor_list(checker, arg, value)
+            elif not isinstance(value, torch.Tensor):
+                checker.fail(f"{arg.name} must be a tensor {arg.layout}, got {_described(value)}")
 
     def bind_attrs(self, given: Mapping[str, Any], where: str = WHERE_PROTOTYPE) -> dict[str, Any]:
         """Attributes by name with defaults filled in; unknown or mistyped ones are rejected."""
@@ -311,3 +316,23 @@ class OpPrototype:
     def infer(self, inputs: Mapping[str, TensorMeta], attrs: Mapping[str, Any], where: str) -> list[TensorMeta]:
         """InferDataType then InferShape; outputs in prototype order."""
         return self.check(inputs, attrs, where)[1]
+
+
+def _described(value) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.60}"
+
+
+def _check_tensor_list(checker: Checker, arg: TensorArg, value) -> None:
+    if not isinstance(value, (list, tuple)) or len(value) == 0:
+        checker.fail(f"{arg.name} must be a non-empty list of tensors {arg.layout}, got {_described(value)}")
+    for index, item in enumerate(value):
+        if not isinstance(item, torch.Tensor):
+            checker.fail(f"{arg.name}[{index}] must be a tensor {arg.layout}, got {_described(item)}")
+
+
+def _meta_of(value):
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(TensorMeta.of(item) for item in value)
+    return TensorMeta.of(value)

@@ -1,0 +1,137 @@
+"""torch ops `attnres::block_attn_res_read` (GE type BlockAttnResRead) and `attnres::block_attn_res_read_backward`
+(BlockAttnResReadGrad), and the read's autograd.
+
+    block_attn_res_read(Tensor[] sources, Tensor query, Tensor? key_norm_weight, Tensor? output_norm_weight, *,
+                        eps, output_eps, scale, normalize_values, save_statistics)
+        -> (hidden_states [S, T, H], inv_norm [T, L], probs [S, T, L], output_inv_rms [S, T])
+
+The schemas come from the prototypes (ops.torch_schema). Unlike the registry's fixed-arity ops (ops.OPS), whose
+eager calls run through the launcher's per-signature plans and the C++ entry, the read takes a list of tensors
+read where they lie, so its eager implementation here validates (the prototype) and calls its kernels with the
+tensors (op_kernel/block_attn_res_read.py). The derivative needs the statistics: a forward called without
+save_statistics whose result needs a gradient raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnres_ge.ge_plugin.op_common import LIBRARY
+from attnres_ge.ge_plugin.ops import NAMESPACE, torch_schema
+from attnres_ge.op_kernel.block_attn_res_read import gathered_sources, read_backward, read_forward
+from attnres_ge.op_proto.block_attn_res_read import PROTOTYPE as READ
+from attnres_ge.op_proto.block_attn_res_read_grad import PROTOTYPE as READ_GRAD
+from attnres_ge.op_proto.op_def import WHERE_EAGER, WHERE_FAKE, Checker, float32
+
+READ_NAME = "block_attn_res_read"
+READ_GRAD_NAME = "block_attn_res_read_backward"
+EMPTY = (0,)
+
+
+def _checked(proto, tensors: tuple, keywords: dict, where: str):
+    """(bound attributes, output metas) after the prototype's validation."""
+    return proto.check(proto.input_metas(tensors, where), keywords, where)
+
+
+def _float32_parameter(tensor: torch.Tensor | None, rows: int | None = None) -> torch.Tensor | None:
+    """A query or weight as the kernels take it: float32, contiguous, 2-D with `rows` given."""
+    if tensor is None:
+        return None
+    tensor = tensor.to(torch.float32).contiguous()
+    return tensor.reshape(1, -1) if rows is not None and tensor.dim() == 1 else tensor
+
+
+def _kernel_scalars(attrs: dict) -> tuple:
+    return float32(attrs["eps"]), float32(attrs["output_eps"]), float32(attrs["scale"]), attrs["normalize_values"]
+
+
+def _new(meta) -> torch.Tensor:
+    return torch.empty(meta.shape, dtype=meta.dtype)
+
+
+def read_eager(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
+    attrs, outputs = _checked(READ, (sources, query, key_norm_weight, output_norm_weight), keywords, WHERE_EAGER)
+    _on_cpu(READ.op_type, sources[0])
+    hidden, inv_norm, probs, inv_rms = (_new(meta) for meta in outputs)
+    read_forward(gathered_sources(sources), _float32_parameter(query), _float32_parameter(key_norm_weight),
+                 _float32_parameter(output_norm_weight, rows=1),
+                 hidden, *(t if t.shape != EMPTY else None for t in (inv_norm, probs, inv_rms)),
+                 *_kernel_scalars(attrs))
+    return hidden, inv_norm, probs, inv_rms
+
+
+def read_fake(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
+    _, outputs = _checked(READ, (sources, query, key_norm_weight, output_norm_weight), keywords, WHERE_FAKE)
+    return tuple(sources[0].new_empty(meta.shape, dtype=meta.dtype) for meta in outputs)
+
+
+def read_backward_eager(grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight=None,
+                        output_norm_weight=None, **keywords):
+    tensors = (grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight,
+               output_norm_weight)
+    attrs, (grad_source_meta, *weight_metas) = _checked(READ_GRAD, tensors, keywords, WHERE_EAGER)
+    _on_cpu(READ_GRAD.op_type, sources[0])
+    grad_sources = [_new(grad_source_meta) for _ in sources]
+    grad_query, grad_key, grad_gain = (_new(meta) for meta in weight_metas)
+    gain = _float32_parameter(output_norm_weight, rows=1)
+    read_backward(grad_hidden_states.contiguous(), gathered_sources(sources), _float32_parameter(query),
+                  _float32_parameter(key_norm_weight), gain, inv_norm.contiguous(), probs.contiguous(),
+                  output_inv_rms.contiguous() if output_norm_weight is not None else None,
+                  grad_sources, grad_query, grad_key if key_norm_weight is not None else None,
+                  grad_gain.view(gain.shape) if gain is not None else None, *_kernel_scalars(attrs))
+    return grad_sources, grad_query, grad_key, grad_gain
+
+
+def read_backward_fake(grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight=None,
+                       output_norm_weight=None, **keywords):
+    tensors = (grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight,
+               output_norm_weight)
+    _, (grad_source_meta, *weight_metas) = _checked(READ_GRAD, tensors, keywords, WHERE_FAKE)
+    new = sources[0].new_empty
+    return ([new(grad_source_meta.shape, dtype=grad_source_meta.dtype) for _ in sources],
+            *(new(meta.shape, dtype=meta.dtype) for meta in weight_metas))
+
+
+def _on_cpu(op_type: str, tensor: torch.Tensor) -> None:
+    if tensor.device.type != "cpu":
+        Checker(op_type, WHERE_EAGER).fail(f"the host kernels run CPU tensors only, got tensors on {tensor.device}")
+
+
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    sources, query, key_norm_weight, output_norm_weight = inputs
+    _, inv_norm, probs, inv_rms = output
+    ctx.set_materialize_grads(False)  # a statistic nobody differentiates through brings None, not zeros
+    ctx.attrs = READ.bind_attrs(keyword_only_inputs, WHERE_EAGER)
+    ctx.source_count = len(sources)
+    ctx.save_for_backward(*sources, query, key_norm_weight, output_norm_weight, inv_norm, probs, inv_rms)
+
+
+def _backward(ctx, grad_hidden_states, *statistics_grads):
+    if any(grad is not None for grad in statistics_grads):
+        Checker(READ.op_type, WHERE_EAGER).fail(
+            "the statistics (inv_norm, probs, output_inv_rms; fused_attnres's weights) have no derivative; "
+            "detach them before using them in a loss")
+    if not ctx.attrs["save_statistics"]:
+        Checker(READ.op_type, WHERE_EAGER).fail(
+            "a gradient was asked of a read made without save_statistics=True, which the backward needs "
+            "(attnres_ge.fused_attnres sets it whenever an input requires grad)")
+    if grad_hidden_states is None:
+        return None, None, None, None
+    saved = ctx.saved_tensors
+    sources, (query, key, gain, inv_norm, probs, inv_rms) = list(saved[:ctx.source_count]), saved[ctx.source_count:]
+    attrs = {name: value for name, value in ctx.attrs.items() if name != "save_statistics"}
+    grad_sources, grad_query, grad_key, grad_gain = getattr(torch.ops, NAMESPACE).block_attn_res_read_backward(
+        grad_hidden_states.contiguous(), sources, query, inv_norm, probs, inv_rms, key, gain, **attrs)
+    return (grad_sources, grad_query.to(query.dtype),
+            None if key is None else grad_key.to(key.dtype), None if gain is None else grad_gain.to(gain.dtype))
+
+
+def define_read_ops() -> None:
+    LIBRARY.define(READ_NAME + torch_schema(READ, keyword_only_attrs=True, named_outputs=True))
+    LIBRARY.define(READ_GRAD_NAME + torch_schema(READ_GRAD, keyword_only_attrs=True, named_outputs=True))
+    for name, eager, fake in ((READ_NAME, read_eager, read_fake),
+                              (READ_GRAD_NAME, read_backward_eager, read_backward_fake)):
+        LIBRARY.impl(name, eager, "CPU")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+    torch.library.register_autograd(f"{NAMESPACE}::{READ_NAME}", _backward, setup_context=_setup_context,
+                                    lib=LIBRARY)
