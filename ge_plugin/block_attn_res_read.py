@@ -100,30 +100,27 @@ def _on_cpu(op_type: str, tensor: torch.Tensor) -> None:
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
     sources, query, key_norm_weight, output_norm_weight = inputs
     _, inv_norm, probs, inv_rms = output
-    ctx.set_materialize_grads(False)  # a statistic nobody differentiates through brings None, not zeros
+    ctx.mark_non_differentiable(inv_norm, probs, inv_rms)  # statistics, like torch.sort's indices
     ctx.attrs = READ.bind_attrs(keyword_only_inputs, WHERE_EAGER)
     ctx.source_count = len(sources)
     ctx.save_for_backward(*sources, query, key_norm_weight, output_norm_weight, inv_norm, probs, inv_rms)
 
 
-def _backward(ctx, grad_hidden_states, *statistics_grads):
-    if any(grad is not None for grad in statistics_grads):
-        Checker(READ.op_type, WHERE_EAGER).fail(
-            "the statistics (inv_norm, probs, output_inv_rms; fused_attnres's weights) have no derivative; "
-            "detach them before using them in a loss")
+def _backward(ctx, grad_hidden_states, *unused_statistics_grads):
     if not ctx.attrs["save_statistics"]:
         Checker(READ.op_type, WHERE_EAGER).fail(
             "a gradient was asked of a read made without save_statistics=True, which the backward needs "
             "(attnres_ge.fused_attnres sets it whenever an input requires grad)")
-    if grad_hidden_states is None:
-        return None, None, None, None
+    # One gradient per argument the call passed: the dispatcher drops trailing arguments left at their default.
+    passed = len(ctx.needs_input_grad)
     saved = ctx.saved_tensors
     sources, (query, key, gain, inv_norm, probs, inv_rms) = list(saved[:ctx.source_count]), saved[ctx.source_count:]
     attrs = {name: value for name, value in ctx.attrs.items() if name != "save_statistics"}
     grad_sources, grad_query, grad_key, grad_gain = getattr(torch.ops, NAMESPACE).block_attn_res_read_backward(
         grad_hidden_states.contiguous(), sources, query, inv_norm, probs, inv_rms, key, gain, **attrs)
-    return (grad_sources, grad_query.to(query.dtype),
-            None if key is None else grad_key.to(key.dtype), None if gain is None else grad_gain.to(gain.dtype))
+    grads = (grad_sources, grad_query.to(query.dtype),
+             None if key is None else grad_key.to(key.dtype), None if gain is None else grad_gain.to(gain.dtype))
+    return grads[:passed]
 
 
 def define_read_ops() -> None:

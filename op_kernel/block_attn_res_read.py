@@ -53,31 +53,56 @@ def python_read_forward(sources, query, key_norm_weight, output_norm_weight, out
 def python_read_backward(grad_out, sources, query, key_norm_weight, output_norm_weight, inv_norm, probs,
                          output_inv_rms, grad_sources, grad_query, grad_key_norm_weight, grad_output_norm_weight,
                          eps, output_eps, scale, normalize_values) -> None:
-    """The derivative of the float64 forward at these inputs (the saved statistics are recomputed in float64)."""
-    leaves = [tensor.detach().double().requires_grad_() if tensor is not None else None
-              for tensor in (*sources, query, key_norm_weight, output_norm_weight)]
-    rows, (query64, key64, gain64) = leaves[:len(sources)], leaves[len(sources):]
-    with torch.enable_grad():
-        mixed = _read_math(rows, query64, key64, gain64, eps, output_eps, scale, normalize_values)[0]
-        wanted = [leaf for leaf in leaves if leaf is not None]
-        grads = torch.autograd.grad(mixed, wanted, grad_out.double(), allow_unused=True)
-    targets = [*grad_sources, grad_query, grad_key_norm_weight, grad_output_norm_weight]
-    given = iter(grads)
-    for leaf, target in zip(leaves, targets, strict=True):
-        if leaf is not None:
-            grad = next(given)
-            target.copy_(torch.zeros_like(target) if grad is None else grad)
+    """The backward's formulas (docs/contract.md, "The general read") in float64, the statistics recomputed."""
+    rows = torch.stack([source.double() for source in sources])  # [L, T, H]
+    hidden = rows.shape[-1]
+    r = torch.rsqrt(rows.pow(2).mean(dim=-1) + eps)  # [L, T]
+    weight = torch.ones(hidden, dtype=torch.float64) if key_norm_weight is None else key_norm_weight.double()
+    query_w = query.double() * weight  # [S, H]
+    dots = torch.einsum("sh,lth->stl", query_w, rows)  # <q_s w, x_i>
+    p = torch.softmax(scale * dots * r.t(), dim=-1)  # [S, T, L]
+    values = rows * r.unsqueeze(-1) if normalize_values else rows
+    grad_mixed = _grad_before_output_norm(grad_out.double(), torch.einsum("stl,lth->sth", p, values),
+                                          output_norm_weight, output_eps, grad_output_norm_weight)
+    a = torch.einsum("sth,lth->stl", grad_mixed, values)  # <gy_s, v_i>
+    dz = scale * p * (a - (p * a).sum(dim=-1, keepdim=True))
+    mixed_grad = torch.einsum("stl,sth->lth", p, grad_mixed)  # sum_s p gy_s
+    value_part = mixed_grad * r.unsqueeze(-1) if normalize_values else mixed_grad
+    radial = torch.einsum("stl,stl->lt", dz, dots)  # sum_s dz <q_s w, x_i>
+    if normalize_values:
+        radial = radial + (p * a).sum(dim=0).t() / r
+    grad_rows = (torch.einsum("stl,sh->lth", dz, query_w) * r.unsqueeze(-1) + value_part
+                 - rows * (r.pow(3) / hidden * radial).unsqueeze(-1))
+    for target, grad in zip(grad_sources, grad_rows, strict=True):
+        target.copy_(grad)
+    per_query = torch.einsum("stl,lt,lth->sh", dz, r, rows)  # sum over tokens of sum_i dz r_i x_i
+    grad_query.copy_(per_query * weight)
+    if grad_key_norm_weight is not None:
+        grad_key_norm_weight.copy_((per_query * query.double()).sum(dim=0))
+
+
+def _grad_before_output_norm(grad_out, mixed, gain, output_eps, grad_gain):
+    """The gradient of y = sum_i p v_i from that of o = g y rho; writes grad_gain. Without a gain: grad_out."""
+    if gain is None:
+        return grad_out
+    rho = torch.rsqrt(mixed.pow(2).mean(dim=-1, keepdim=True) + output_eps)  # [S, T, 1]
+    gain = gain.double().unsqueeze(1)  # [W, 1, H]
+    gained = gain * grad_out
+    along = (gained * mixed).sum(dim=-1, keepdim=True)
+    per_query = (grad_out * mixed * rho).sum(dim=1)  # [S, H]
+    grad_gain.copy_(per_query if grad_gain.shape[0] == per_query.shape[0] else per_query.sum(dim=0, keepdim=True))
+    return rho * gained - mixed * rho.pow(3) / mixed.shape[-1] * along
 
 
 def read_forward(*arguments) -> None:
     """The forward in the implementation in use (op_kernel.KERNELS)."""
-    kernel = native_module().read_forward if active_implementation() == "native" else python_read_forward
+    kernel = getattr(native_module(), "read_forward", python_read_forward) if active_implementation() == "native" else python_read_forward
     kernel(*arguments)
 
 
 def read_backward(*arguments) -> None:
     """The backward in the implementation in use (op_kernel.KERNELS)."""
-    kernel = native_module().read_backward if active_implementation() == "native" else python_read_backward
+    kernel = getattr(native_module(), "read_backward", python_read_backward) if active_implementation() == "native" else python_read_backward
     kernel(*arguments)
 
 
