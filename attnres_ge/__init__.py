@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockAttnRes",
+    "BlockAttnResReader",
     "ResidualStream",
     "block_attention_residuals",
     "block_attention_residuals_reference",
@@ -36,5 +37,5 @@ if not installed_in_place_of_checkout(__name__, __path__):
     from attnres_ge.api import BlockAttnRes, block_attention_residuals
     from attnres_ge.ge_plugin import ge_backend
     from attnres_ge.op_kernel.reference import block_attention_residuals_reference
-    from attnres_ge.read import fused_attnres
+    from attnres_ge.read import BlockAttnResReader, fused_attnres
     from attnres_ge.stream import ResidualStream

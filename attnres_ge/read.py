@@ -8,6 +8,9 @@ float32 [L, ...]; beyond FLA: a query [S, H] with S > 1 reads S times in the sam
 weights [S, L, ...]), `rms_weight=None` normalises the keys without a weight, `normalize_values=True` mixes
 the normalised sources (Inkling2), `output_rms_eps` gives the output norm its own epsilon (default rms_eps,
 as in FLA). docs/contract.md ("The general read") states the math and the rules.
+
+`BlockAttnResReader` is the read as a module (what `ResidualStream.read` takes beside `BlockAttnRes` for several
+queries, unweighted keys, normalised values or a logit scale), owning the queries and the key-norm weight.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
 
@@ -85,3 +89,41 @@ def fused_attnres(
         return out
     weights = probs.transpose(1, 2).reshape(queries.shape[0], len(sources), *lead)
     return out, weights[0] if single else weights
+
+
+class BlockAttnResReader(nn.Module):
+    """A read's parameters: S pseudo-queries `query` [S, H] (zeros: a fresh reader averages its sources) and,
+    unless key_norm_weight=False, the key-norm weight `key_norm_weight` [H] (ones).
+
+    forward(residuals, *, output_norm_weight=None, output_norm_eps=None) is `fused_attnres` with them: o [..., H]
+    for one query, [S, ..., H] for several. An Inkling2 block residual with three outputs (q, k and v inputs) is
+    `BlockAttnResReader(H, queries=3, key_norm_weight=False, normalize_values=True, scale=H**-0.5)`.
+    """
+
+    def __init__(self, hidden_size: int, *, queries: int = 1, key_norm_weight: bool = True,
+                 normalize_values: bool = False, scale: float = 1.0, norm_eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(queries, int) or queries < 1:
+            raise ValueError(f"BlockAttnResReader: queries must be a positive int, got {queries!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.hidden_size, self.queries = hidden_size, queries
+        self.normalize_values, self.scale, self.norm_eps = normalize_values, scale, norm_eps
+        self.query = nn.Parameter(torch.empty(queries, hidden_size, **factory))
+        self.key_norm_weight = nn.Parameter(torch.empty(hidden_size, **factory)) if key_norm_weight else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.query)
+        if self.key_norm_weight is not None:
+            nn.init.ones_(self.key_norm_weight)
+
+    def forward(self, residuals: Sequence[torch.Tensor], *, output_norm_weight: torch.Tensor | None = None,
+                output_norm_eps: float | None = None) -> torch.Tensor:
+        """residuals: L tensors [..., H] (the sealed snapshots, then live) -> [..., H] or [S, ..., H]."""
+        return fused_attnres(self.query, residuals, self.key_norm_weight, output_norm_weight, self.norm_eps,
+                             self.scale, normalize_values=self.normalize_values, output_rms_eps=output_norm_eps)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, queries={self.queries}, key_norm_weight="
+                f"{self.key_norm_weight is not None}, normalize_values={self.normalize_values}, scale={self.scale}, "
+                f"norm_eps={self.norm_eps}")

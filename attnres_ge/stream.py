@@ -3,40 +3,57 @@
 The stream holds one live tensor and write-once sealed snapshots (docs/using.md, "The residual stream"):
 
 - it starts with live = the embeddings and nothing sealed;
-- `read(mixer)` mixes the sealed snapshots and live with `mixer`'s pseudo-query (live alone, no op call, while
-  nothing is sealed): the live stream is always a candidate, nothing else is, so no read sees an all-zero row;
+- `read(mixer, *, output_norm=None)` mixes the sealed snapshots and live with `mixer`'s pseudo-query (live
+  alone while nothing is sealed: no op call unless there is an output norm or a reader): the live stream is
+  always a candidate, nothing else is, so no read sees an all-zero row;
 - `seal(readers=None)` appends live to the snapshots and leaves no live tensor;
 - `accumulate(out)` makes `out` the live tensor right after a seal and adds it to live otherwise.
 
 A Kimi K3 layer `l` on the stream (block_size layers per block):
 
-    h = stream.read(layer.attn_res)
+    h = stream.read(layer.attn_res, output_norm=layer.attn_norm)   # the attention's normed input
     if l % block_size == 0:
         stream.seal(readers=...)           # l = 0 seals the embeddings: they are block 0
     stream.accumulate(layer.attn(h))
-    h = stream.read(layer.mlp_res)
+    h = stream.read(layer.mlp_res, output_norm=layer.mlp_norm)
     stream.accumulate(layer.mlp(h))
     ...
-    h = stream.read(final_res)             # before the output norm
+    h = stream.read(final_res, output_norm=final_norm)
 
-Two paths compute a read, with the same results within SPEC's tolerances:
+The read's options:
 
-- per-layer: `torch.ops.attnres.block_attention_residuals` through `BlockAttnRes` (any grad mode);
+- `output_norm`: the RMSNorm that the sublayer would apply to the read, fused into it: a `torch.nn.RMSNorm`
+  (its weight and eps), a sequence of them (one per query of a several-query mixer, one eps), or a weight
+  tensor [H] or [S, H] (eps: the mixer's norm_eps, as FLA's fused_attnres). The read returns the normed input.
+- the mixer: a `BlockAttnRes` (one query, weighted keys, raw values: the paper's read) or a
+  `BlockAttnResReader` (attnres_ge/read.py) for S queries (the read returns [S, ..., H]), unweighted keys,
+  normalised values or a logit scale (Inkling2). A reader's read always runs the general read op (also with
+  nothing sealed, where normalised values make it differ from live), and a span naming one among its readers
+  does not take the two-phase path.
+
+Three paths compute a read, with the same results within docs/contract.md's tolerances:
+
+- general (`torch.ops.attnres.block_attn_res_read`, through `attnres_ge.fused_attnres` or a reader): every
+  read of a stream built with grad mode on, and every read with an output norm or a reader that the
+  two-phase path does not take; the sources are a list read where they lie.
+- per-layer (inference): `torch.ops.attnres.block_attention_residuals` through `BlockAttnRes`, for the other
+  reads without grad.
 - two-phase (inference): when a seal names the readers that will read before the next seal, one
   `torch.ops.attnres.block_attn_res_prepare` scores the snapshots for all of them, and each read is one
-  `torch.ops.attnres.block_attn_res_update` whose delta is what was accumulated since the previous read.
+  `torch.ops.attnres.block_attn_res_update` whose delta is what was accumulated since the previous read. An
+  output norm is applied after the update (`F.rms_norm`: a second pass over [..., H], not fused).
 
 Storage, and why it differs with grad mode:
 
-- When a gradient may be needed (grad mode on at construction) the snapshots are kept functionally: each seal
-  makes a new `[..., n+1, H]` tensor (`torch.cat` of the previous snapshots and live, one copy per seal, none
-  per read). Writing into a preallocated buffer in place would bump the version counter that autograd checks on
-  the `[..., n, H]` views earlier reads saved for their backward, and the backward would refuse to run. The
-  reads of one block share that tensor, so their backward keeps one `[..., n, H]` tensor per block.
+- When a gradient may be needed (grad mode on at construction) the snapshots are a Python list of the sealed
+  [..., H] tensors, each the live tensor it was (no copy, no `torch.cat`): the general read takes the list as
+  it is, and its backward saves these tensors, which every later read shares, so the saved memory is linear in
+  the blocks. Nothing is written in place, so no tensor a backward saved changes under it.
 - Without grad (`torch.no_grad()`, `torch.inference_mode()`) the snapshots live in one preallocated
   `[..., max_blocks, H]` buffer: a seal writes its slot in place. The two-phase path hands prepare the whole
-  buffer and `valid_blocks = n`, so prepare reads the n sealed slots where they are, with no copy. The
-  per-layer op needs a contiguous `[..., n, H]` input, which the view of the first n slots is not while
+  buffer and `valid_blocks = n`, so prepare reads the n sealed slots where they are, with no copy; the general
+  read gets the slots as a list of views, also without a copy. The per-layer op needs a contiguous
+  `[..., n, H]` input, which the view of the first n slots is not while
   n < max_blocks: the first per-layer read after a seal makes that copy once, and the reads until the next
   seal share it (n more slots of memory while the span lasts). The live stream's adds (live + out) go into
   one [..., H] tensor the stream owns, in place, rather than a fresh tensor per add (in eager mode; a compiler
@@ -49,11 +66,15 @@ Storage, and why it differs with grad mode:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.nn.functional as F
 
 import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
 from attnres_ge.api import BlockAttnRes
 from attnres_ge.op_kernel.host_memory import empty_planned
+from attnres_ge.read import BlockAttnResReader, fused_attnres
 
 _NAME = "ResidualStream"
 _PREPARE_MAX_BLOCKS = 64  # block_attn_res_prepare's limit on N (docs/contract.md)
@@ -66,10 +87,50 @@ def two_phase_ops_available() -> bool:
     return hasattr(torch.ops.attnres, "block_attn_res_prepare") and hasattr(torch.ops.attnres, "block_attn_res_update")
 
 
-def _require_mixer(method: str, name: str, value) -> BlockAttnRes:
-    if not isinstance(value, BlockAttnRes):
-        raise TypeError(f"{_NAME}.{method}: {name} must be a BlockAttnRes, got {type(value).__name__}")
+_MIXERS = (BlockAttnRes, BlockAttnResReader)
+
+
+def _require_mixer(method: str, name: str, value) -> BlockAttnRes | BlockAttnResReader:
+    if not isinstance(value, _MIXERS):
+        raise TypeError(f"{_NAME}.{method}: {name} must be a BlockAttnRes or a BlockAttnResReader, got "
+                        f"{type(value).__name__}")
     return value
+
+
+class _OutputNorm:
+    """An output RMSNorm fused into a read: its weight [H] or [S, H] and eps (None: torch.nn.RMSNorm's default,
+    the machine epsilon of the read's dtype)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float | None):
+        self.weight, self.eps = weight, eps
+
+    def eps_for(self, dtype: torch.dtype) -> float:
+        return torch.finfo(dtype).eps if self.eps is None else self.eps
+
+
+def _output_norm(value, hidden: int, mixer_eps: float, device: torch.device) -> _OutputNorm | None:
+    """read()'s output_norm as a weight and an eps, or a clear error naming what was received."""
+    if value is None:
+        return None
+    if isinstance(value, torch.nn.RMSNorm):
+        value = [value]
+    if isinstance(value, Sequence) and value and all(isinstance(norm, torch.nn.RMSNorm) for norm in value):
+        shapes = {tuple(norm.normalized_shape) for norm in value}
+        if shapes != {(hidden,)}:
+            raise ValueError(f"{_NAME}.read: output_norm must normalise the hidden size ({hidden},), got "
+                             f"normalized_shape {sorted(shapes)}")
+        if len({norm.eps for norm in value}) > 1:
+            raise ValueError(f"{_NAME}.read: the output_norm modules' eps differ ({[norm.eps for norm in value]}); "
+                             "one read takes one eps")
+        weights = [torch.ones(hidden, device=device) if norm.weight is None else norm.weight for norm in value]
+        return _OutputNorm(weights[0] if len(weights) == 1 else torch.stack(weights), value[0].eps)
+    if isinstance(value, torch.Tensor):
+        if value.shape[-1:] != (hidden,) or value.dim() > 2:
+            raise ValueError(f"{_NAME}.read: output_norm must be a weight [{hidden}] or [S, {hidden}], got "
+                             f"{list(value.shape)}")
+        return _OutputNorm(value, mixer_eps)
+    raise TypeError(f"{_NAME}.read: output_norm must be None, a torch.nn.RMSNorm, a sequence of them or a weight "
+                    f"tensor [H], got {type(value).__name__}")
 
 
 def _pseudo_queries(readers: list[BlockAttnRes]) -> torch.Tensor:
@@ -152,7 +213,8 @@ class ResidualStream:
         # Reads return the dtype of the last accumulated tensor (the embeddings' at first).
         self.activation_dtype = embeddings.dtype
         self.num_sealed = 0
-        self.snapshots: torch.Tensor | None = None  # grad path: [..., n, H]; no-grad paths: [..., capacity, H]
+        self.sealed: list[torch.Tensor] = []  # grad path: the n sealed [..., H] tensors themselves
+        self.snapshots: torch.Tensor | None = None  # no-grad paths: [..., capacity, H]
         self.contiguous_sealed: torch.Tensor | None = None  # no-grad per-layer reads: [..., n, H] until a seal
         self.own_live: torch.Tensor | None = None  # no-grad per-layer storage: where live + out is written
         self.span: _Span | None = None
@@ -172,18 +234,45 @@ class ResidualStream:
 
     # --- the schedule ------------------------------------------------------------------------------------------
 
-    def read(self, mixer: BlockAttnRes) -> torch.Tensor:
-        """The mix of the sealed snapshots and live by `mixer` -> [..., H] (live alone when nothing is sealed)."""
+    def read(self, mixer: BlockAttnRes | BlockAttnResReader, *, output_norm=None) -> torch.Tensor:
+        """The mix of the sealed snapshots and live by `mixer` -> [..., H] ([S, ..., H] for a reader of S queries),
+        normed by `output_norm` when given (see the module docstring)."""
         _require_mixer("read", "mixer", mixer)
         if not self.has_live:
             raise RuntimeError(f"{_NAME}.read: there is no live tensor since the last seal; accumulate a sublayer's "
                                "output before reading (a seal leaves no live tensor, and no read sees a zero row)")
+        norm = _output_norm(output_norm, self.shape[-1], mixer.norm_eps, self.live.device)
         if self.span is not None:
-            return self._read_two_phase(mixer)
-        if self.num_sealed == 0:
-            return self._read_live_alone(mixer)
-        hidden = mixer(self.live, self._sealed_view())
+            return self._normed(self._read_two_phase(mixer), norm)
+        if norm is None and isinstance(mixer, BlockAttnRes):
+            if self.num_sealed == 0:
+                return self._read_live_alone(mixer)
+            if not self.grad_mode:
+                return mixer(self.live, self._sealed_view()).to(self.activation_dtype)
+        return self._read_general(mixer, norm)
+
+    def _read_general(self, mixer: BlockAttnRes | BlockAttnResReader, norm: _OutputNorm | None) -> torch.Tensor:
+        """One general read op over the sealed snapshots, where they lie, and live."""
+        sources = [*self._sealed_sources(), self.live]
+        dtype = sources[0].dtype
+        if sources[-1].dtype != dtype:  # the per-layer op's rule: the promoted dtype of the blocks and live
+            dtype = torch.promote_types(dtype, sources[-1].dtype)
+            sources = [source.to(dtype) for source in sources]
+        weight, eps = (None, None) if norm is None else (norm.weight, norm.eps_for(self.activation_dtype))
+        if isinstance(mixer, BlockAttnResReader):
+            hidden = mixer(sources, output_norm_weight=weight, output_norm_eps=eps)
+        else:
+            hidden = fused_attnres(mixer.proj_weight, sources, mixer.norm_weight, weight, mixer.norm_eps,
+                                   output_rms_eps=eps)
         return hidden.to(self.activation_dtype)
+
+    def _normed(self, hidden: torch.Tensor, norm: _OutputNorm | None) -> torch.Tensor:
+        """The two-phase read's output norm: float32 math rounded once, as the general read's (a second pass)."""
+        if norm is None:
+            return hidden
+        size = self.shape[-1]
+        weight = norm.weight.reshape(size) if norm.weight.numel() == size else norm.weight
+        return F.rms_norm(hidden.float(), (size,), weight.float(), norm.eps_for(hidden.dtype)).to(hidden.dtype)
 
     def accumulate(self, out: torch.Tensor) -> None:
         """live = out right after a seal (or at the start), else live + out; `out` is [..., H] like the embeddings."""
@@ -218,8 +307,8 @@ class ResidualStream:
         return torch.add(self.live, out, out=self.own_live)
 
     def seal(self, readers=None) -> None:
-        """live becomes a snapshot; `readers` lists, in order, the BlockAttnRes modules that read before the next
-        seal, so that the two-phase path scores the snapshots once for all of them."""
+        """live becomes a snapshot; `readers` lists, in order, the mixers that read before the next seal, so that
+        the two-phase path scores the snapshots once for all of them."""
         if readers is not None:
             readers = [_require_mixer("seal", f"readers[{index}]", mixer) for index, mixer in enumerate(readers)]
         if not self.has_live:
@@ -252,11 +341,15 @@ class ResidualStream:
 
     # --- storage -------------------------------------------------------------------------------------------------
 
-    def _sealed_view(self) -> torch.Tensor:
-        """The sealed snapshots [..., n, H], contiguous, for the per-layer op; on the no-grad paths the first n
-        slots of the buffer, copied once per seal while they are not contiguous (the op would copy them per read)."""
+    def _sealed_sources(self) -> list[torch.Tensor]:
+        """The sealed snapshots as the general read takes them: a list of [..., H], where they lie."""
         if self.grad_mode:
-            return self.snapshots
+            return self.sealed
+        return [self.snapshots[..., slot, :] for slot in range(self.num_sealed)]
+
+    def _sealed_view(self) -> torch.Tensor:
+        """The sealed snapshots [..., n, H], contiguous, for the per-layer op (no-grad paths): the first n slots
+        of the buffer, copied once per seal while they are not contiguous (the op would copy them per read)."""
         if self.contiguous_sealed is None:
             sealed = self.snapshots[..., : self.num_sealed, :]
             if not sealed.is_contiguous():
@@ -267,10 +360,8 @@ class ResidualStream:
     def _append_snapshot(self) -> None:
         live, self.has_live = self.live, False
         if self.grad_mode:
-            # Functional on purpose (see the module docstring): earlier reads saved the previous tensor.
-            dtype = self.snapshots.dtype if self.snapshots is not None else live.dtype
-            new = live.to(dtype).unsqueeze(-2)
-            self.snapshots = new if self.snapshots is None else torch.cat((self.snapshots, new), dim=-2)
+            # The tensor itself, kept once (see the module docstring); in the first snapshot's dtype.
+            self.sealed.append(live.to(self.sealed[0].dtype) if self.sealed else live)
             self.live = None
             return
         self._ensure_capacity(live.dtype, live.device)
@@ -328,6 +419,11 @@ class ResidualStream:
             return None
         if num_sealed > _PREPARE_MAX_BLOCKS:
             return f"{num_sealed} snapshots exceed block_attn_res_prepare's limit of {_PREPARE_MAX_BLOCKS}"
+        readers_of_the_general_read = [index for index, mixer in enumerate(readers)
+                                       if not isinstance(mixer, BlockAttnRes)]
+        if readers_of_the_general_read:
+            return (f"readers{readers_of_the_general_read} are BlockAttnResReader modules, which only the general "
+                    "read op computes")
         if len({mixer.norm_eps for mixer in readers}) > 1:
             return "the readers' norm_eps differ (one prepare takes one eps)"
         return None

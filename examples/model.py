@@ -4,8 +4,9 @@ The residual stream (`attnres_ge.ResidualStream`) follows the paper's and Kimi K
 token embeddings live and nothing sealed. Layer `l` reads its attention input from the stream (its BlockAttnRes
 mixes the sealed block snapshots and the live block), seals the live block when `l % layers_per_block == 0` (layer
 0 seals the embeddings: they are block 0), adds the attention output (the first output after a seal starts the new
-live block), reads its MLP input and adds the MLP output. A last read feeds the output norm and the LM head. No
-read ever sees an all-zero "partial block".
+live block), reads its MLP input and adds the MLP output. A last read feeds the LM head. Each read fuses the RMSNorm
+that follows it (`read(mixer, output_norm=norm)` returns the sublayer's normed input). No read ever sees an
+all-zero "partial block".
 
 Activations are [B, S, H]; the stream and BlockAttnRes take the leading dims as they are. Everything but
 BlockAttnRes is plain torch, so eager and graph mode run the same arithmetic. With a `KVCache` per layer the same
@@ -22,16 +23,7 @@ from torch import nn
 from attnres_ge import BlockAttnRes, ResidualStream
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, over the last dim."""
-
-    def __init__(self, hidden: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+NORM_EPS = 1e-6
 
 
 class KVCache:
@@ -89,15 +81,16 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    """One layer: attention and MLP, each fed by its own BlockAttnRes read of the stream and an RMSNorm."""
+    """One layer: attention and MLP, each fed by its own BlockAttnRes read of the stream and an RMSNorm (fused
+    into the read)."""
 
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.attn_res = BlockAttnRes(hidden)
-        self.attn_norm = RMSNorm(hidden)
+        self.attn_norm = nn.RMSNorm(hidden, eps=NORM_EPS)
         self.attn = CausalSelfAttention(hidden, heads)
         self.mlp_res = BlockAttnRes(hidden)
-        self.mlp_norm = RMSNorm(hidden)
+        self.mlp_norm = nn.RMSNorm(hidden, eps=NORM_EPS)
         self.mlp = MLP(hidden)
 
 
@@ -112,7 +105,7 @@ class BlockAttnResLM(nn.Module):
         self.embed = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(Layer(hidden, heads) for _ in range(layers))
         self.final_res = BlockAttnRes(hidden)
-        self.final_norm = RMSNorm(hidden)
+        self.final_norm = nn.RMSNorm(hidden, eps=NORM_EPS)
         self.head = nn.Linear(hidden, vocab, bias=False)
         with torch.no_grad():  # a non-zero pseudo-query, so depth mixing is non-uniform from step 0
             for module in self.modules():
@@ -138,10 +131,10 @@ class BlockAttnResLM(nn.Module):
         """tokens [B, S] -> logits [B, S, vocab]; `caches` (one KVCache per layer) holds the earlier tokens."""
         stream = ResidualStream(self.embed(tokens), max_blocks=self.num_seals, two_phase=self.two_phase)
         for index, layer in enumerate(self.layers):
-            h = stream.read(layer.attn_res)
+            h = stream.read(layer.attn_res, output_norm=layer.attn_norm)
             if index % self.layers_per_block == 0:
                 stream.seal(readers=self.readers_after_seal(index))
-            stream.accumulate(layer.attn(layer.attn_norm(h), None if caches is None else caches[index]))
-            h = stream.read(layer.mlp_res)
-            stream.accumulate(layer.mlp(layer.mlp_norm(h)))
-        return self.head(self.final_norm(stream.read(self.final_res)))
+            stream.accumulate(layer.attn(h, None if caches is None else caches[index]))
+            h = stream.read(layer.mlp_res, output_norm=layer.mlp_norm)
+            stream.accumulate(layer.mlp(h))
+        return self.head(stream.read(self.final_res, output_norm=self.final_norm))

@@ -64,10 +64,12 @@ def test_the_example_prints_tokens_and_time_per_token(capsys):
     ids=["two-phase", "per-layer"])
 def test_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path, two_phase):
     """Under attnres_ge's backend, in one graph per call, the stream's two-phase reads are BlockAttnResPrepare/
-    BlockAttnResUpdate nodes, and its per-layer reads BlockAttentionResiduals nodes."""
+    BlockAttnResUpdate nodes; the example model's per-layer reads fuse its RMSNorms, so they are general reads,
+    which the backend leaves as torch calls (no GE converter of BlockAttnResRead yet)."""
     torch._dynamo.reset()
     model, prompt = model_and_prompt(two_phase)
-    compiled = torch.compile(model, backend=attnres_ge.ge_backend(dump_path=str(tmp_path)), fullgraph=True)
+    backend = attnres_ge.ge_backend(dump_path=str(tmp_path))
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
     eager_caches, graph_caches = [KVCache() for _ in model.layers], [KVCache() for _ in model.layers]
     with torch.no_grad():
         for tokens in (prompt, prompt[:, :1], prompt[:, 1:2]):  # the prefill, then two decode steps
@@ -75,4 +77,8 @@ def test_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path, two_phase):
     node_types = "".join(path.read_text() for path in tmp_path.glob("*.pbtxt"))
     two_phase_nodes = 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdate"' in node_types
     assert two_phase_nodes == (two_phase is None)
-    assert ('type: "BlockAttentionResiduals"' in node_types) == (two_phase is False)
+    general_reads = [sum(node.target is torch.ops.attnres.block_attn_res_read.default for node in graph.graph.nodes)
+                     for graph in backend.fx_graphs]
+    # Per graph (one per call): every read (two per layer, one final; the first one for its output norm), or on
+    # the two-phase path the first alone (nothing sealed yet: no span).
+    assert general_reads and set(general_reads) == {2 * len(model.layers) + 1 if two_phase is False else 1}

@@ -404,7 +404,7 @@ def test_embeddings_that_are_no_tensor_or_0_d_raise():
 
 def test_reading_with_something_else_than_a_block_attn_res_raises():
     stream = ResidualStream(embeddings_of((3,)))
-    with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes, got Linear"):
+    with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes or a BlockAttnResReader, got Linear"):
         stream.read(torch.nn.Linear(HIDDEN, HIDDEN))
 
 
