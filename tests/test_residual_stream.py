@@ -1,18 +1,21 @@
-"""ResidualStream against a float64 reference of the schedule (docs/using.md, "The residual stream"), on the per-layer
-path and, where the ops exist, the two-phase path: several block sizes, leading dims, autocast, gradients, misuse."""
+"""ResidualStream against a float64 reference of the schedule (docs/using.md, "The residual stream"), on the general
+read (grad mode), the per-layer path and, where the ops exist, the two-phase path: several block sizes, leading dims,
+autocast, gradients, the fused output norm, several-query readers, the saved memory, misuse."""
 
 from __future__ import annotations
 
 import collections
 import gc
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnres_ge import BlockAttnRes, ResidualStream
+from attnres_ge import BlockAttnRes, BlockAttnResReader, ResidualStream, block_attention_residuals, fused_attnres
 from attnres_ge.examples.model import BlockAttnResLM
+from attnres_ge.op_kernel.reference import general_read_reference
 from attnres_ge.stream import two_phase_ops_available
 
 needs_two_phase = pytest.mark.skipif(not two_phase_ops_available(), reason="the two-phase torch ops are not built")
@@ -335,6 +338,192 @@ def test_without_grad_no_read_copies_the_snapshots(two_phase):
             assert len({tensor.data_ptr() for _, tensor in reads}) == 1
 
 
+# ---------------------------------------------------------------------------------- the general read
+
+
+def random_mixer(seed: int) -> BlockAttnRes:
+    generator = torch.Generator().manual_seed(seed)
+    mixer = BlockAttnRes(HIDDEN, norm_eps=EPS)
+    with torch.no_grad():
+        mixer.proj_weight.copy_(torch.randn(1, HIDDEN, generator=generator))
+        mixer.norm_weight.copy_(1 + 0.2 * torch.randn(HIDDEN, generator=generator))
+    return mixer
+
+
+def random_norm(seed: int, eps=EPS) -> torch.nn.RMSNorm:
+    norm = torch.nn.RMSNorm(HIDDEN, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed)))
+    return norm
+
+
+def test_the_general_read_equals_the_per_layer_op_within_float32_tolerance():
+    """The grad path's op (query proj_weight, key weight norm_weight, scale 1) against the per-layer op's formula:
+    the result and every gradient."""
+    mixer = random_mixer(seed=5)
+    blocks = [embeddings_of((2, 3), seed=seed).requires_grad_() for seed in (6, 7, 8)]
+    live = embeddings_of((2, 3), seed=9).requires_grad_()
+    cotangent = embeddings_of((2, 3), seed=10)
+    results = {}
+    for name in ("general", "per-layer"):
+        if name == "general":
+            out = fused_attnres(mixer.proj_weight, [*blocks, live], mixer.norm_weight, rms_eps=EPS)
+        else:
+            out = block_attention_residuals(live, torch.stack(blocks, dim=-2), mixer.proj_weight, mixer.norm_weight,
+                                            norm_eps=EPS)
+        inputs = (*blocks, live, mixer.proj_weight, mixer.norm_weight)
+        results[name] = (out, *torch.autograd.grad((out * cotangent).sum(), inputs))
+    for index, (general, per_layer) in enumerate(zip(results["general"], results["per-layer"], strict=True)):
+        scale = per_layer.abs().max().item()  # weight gradients sum over tokens (docs/contract.md, "How exact")
+        torch.testing.assert_close(general, per_layer, rtol=1e-4, atol=1e-5 * max(scale, 1),
+                                   msg=lambda text, index=index: f"output/gradient {index}: {text}")
+
+
+class ReadArguments(TorchDispatchMode):
+    """The sources of each block_attn_res_read run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.sources = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.attnres.block_attn_res_read.default:
+            self.sources.append(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def fused_schedule(stream: ResidualStream, mixers, norms, outs) -> list[torch.Tensor]:
+    """Reads (each with its output norm) with nothing sealed, after one seal and after two; returns the reads."""
+    reads = [stream.read(mixers[0], output_norm=norms[0])]
+    stream.seal(readers=[mixers[1]])
+    stream.accumulate(outs[0])
+    reads.append(stream.read(mixers[1], output_norm=norms[1]))
+    stream.seal(readers=[mixers[2]])
+    stream.accumulate(outs[1])
+    stream.accumulate(outs[2])
+    reads.append(stream.read(mixers[2], output_norm=norms[2]))
+    return reads
+
+
+def fused_schedule_reference(embeddings, mixers, norms, outs) -> list[torch.Tensor]:
+    snapshots = [[], [embeddings], [embeddings, outs[0]]]
+    lives = [embeddings, outs[0], outs[1] + outs[2]]
+    return [general_read_reference(mixer.proj_weight.double(), [*sealed, live], mixer.norm_weight.double(),
+                                   norm.weight.double(), eps=EPS)[0]
+            for mixer, norm, sealed, live in zip(mixers, norms, snapshots, lives, strict=True)]
+
+
+@pytest.mark.parametrize("path", ["grad", "no-grad-per-layer", pytest.param("two-phase", marks=needs_two_phase)])
+def test_a_fused_output_norm_returns_the_sublayers_normed_input(path):
+    """Every path against the float64 general read; with grad its gradients too. Without grad the per-layer
+    path's general reads get the buffer's slots where they lie (no copy); the two-phase path norms after the
+    update (F.rms_norm)."""
+    mixers, norms = [random_mixer(seed) for seed in (11, 12, 13)], [random_norm(seed) for seed in (14, 15, 16)]
+    embeddings = embeddings_of((2, 3)).requires_grad_(path == "grad")
+    outs = [embeddings_of((2, 3), seed=seed) for seed in (17, 18, 19)]
+    with torch.set_grad_enabled(path == "grad"), ReadArguments() as calls:
+        stream = ResidualStream(embeddings, max_blocks=2, two_phase=path == "two-phase")
+        reads = fused_schedule(stream, mixers, norms, outs)
+    assert stream.two_phase_active == (path == "two-phase")
+    expected = fused_schedule_reference(embeddings.detach().double(), mixers, norms, [o.double() for o in outs])
+    for index, (read, reference) in enumerate(zip(reads, expected, strict=True)):
+        assert_close_float32(read.detach(), reference, f"read {index}")
+    if path == "no-grad-per-layer":
+        buffer = stream.snapshots.untyped_storage().data_ptr()
+        assert [len(sources) for sources in calls.sources] == [1, 2, 3]
+        assert all(source.untyped_storage().data_ptr() == buffer for sources in calls.sources[1:]
+                   for source in sources[:-1])
+    if path != "grad":
+        return
+    cotangents = [embeddings_of((2, 3), seed=seed) for seed in (20, 21, 22)]
+
+    def loss(results):
+        return sum((result * cotangent.to(result.dtype)).sum() for result, cotangent in zip(results, cotangents))
+
+    leaves = [embeddings, *(p for mixer in mixers for p in (mixer.proj_weight, mixer.norm_weight)),
+              *(norm.weight for norm in norms)]
+    actual = torch.autograd.grad(loss(reads), leaves)
+    doubles = [leaf.detach().double().requires_grad_() for leaf in leaves]
+    mixers64 = [SimpleNamespace(proj_weight=doubles[1 + 2 * i], norm_weight=doubles[2 + 2 * i]) for i in range(3)]
+    norms64 = [SimpleNamespace(weight=weight) for weight in doubles[7:]]
+    expected_reads = fused_schedule_reference(doubles[0], mixers64, norms64, [out.double() for out in outs])
+    expected_grads = torch.autograd.grad(loss(expected_reads), doubles)
+    for index, (grad, reference) in enumerate(zip(actual, expected_grads, strict=True)):
+        scale = reference.abs().max().item()
+        torch.testing.assert_close(grad.double(), reference, rtol=1e-4, atol=1e-4 * max(scale, 1e-2),
+                                   msg=lambda text, index=index: f"gradient of leaf {index}: {text}")
+
+
+def inkling2_style_reader(seed: int) -> BlockAttnResReader:
+    reader = BlockAttnResReader(HIDDEN, queries=3, key_norm_weight=False, normalize_values=True,
+                                scale=HIDDEN**-0.5, norm_eps=EPS)
+    with torch.no_grad():
+        reader.query.copy_(torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(seed)))
+    return reader
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
+def test_a_reader_of_several_queries_with_normalised_values(grad):
+    """A BlockAttnResReader (three queries, unweighted keys, normalised values, a scale, one output norm per
+    query) returns [3, ..., H], also with nothing sealed; a span it reads in takes no two-phase path."""
+    readers, norms = [inkling2_style_reader(seed) for seed in (30, 31)], [random_norm(seed) for seed in (32, 33, 34)]
+    embeddings, out = embeddings_of((2, 3)), embeddings_of((2, 3), seed=35)
+    with torch.set_grad_enabled(grad):
+        stream = ResidualStream(embeddings)
+        first = stream.read(readers[0], output_norm=norms)
+        stream.seal(readers=[readers[1]])
+        assert not stream.two_phase_active
+        stream.accumulate(out)
+        second = stream.read(readers[1])
+    gains = torch.stack([norm.weight for norm in norms]).double()
+    options = dict(eps=EPS, scale=HIDDEN**-0.5, normalize_values=True)
+    expected = [general_read_reference(readers[0].query.double(), [embeddings.double()], None, gains, **options),
+                general_read_reference(readers[1].query.double(), [embeddings.double(), out.double()], **options)]
+    for index, (read, reference) in enumerate(zip((first, second), expected, strict=True)):
+        assert read.shape == (3, 2, 3, HIDDEN)
+        assert_close_float32(read.detach(), reference, f"read {index}")
+    if grad:
+        second.sum().backward()
+        assert readers[1].query.grad is not None and readers[1].query.grad.abs().max() > 0
+
+
+@needs_two_phase
+def test_two_phase_required_with_a_reader_among_the_readers_raises():
+    with torch.no_grad():
+        stream = ResidualStream(embeddings_of((3,)), two_phase=True)
+        with pytest.raises(RuntimeError, match=r"ResidualStream\.seal: two_phase=True .*readers\[1\] are "
+                                               r"BlockAttnResReader modules"):
+            stream.seal(readers=[BlockAttnRes(HIDDEN), inkling2_style_reader(0)])
+
+
+def saved_tensor_storages(forward) -> dict[int, int]:
+    """{storage address: bytes} of the distinct storages the autograd graph of `forward()` saves, counting only
+    [..., H] tensors (the depth statistics [T, L] of the reads grow with L by design and are H times smaller)."""
+    storages = {}
+
+    def pack(tensor):
+        if tensor.dim() >= 2 and tensor.shape[-1] == HIDDEN:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = forward()
+    del result
+    return storages
+
+
+def test_in_grad_mode_each_snapshot_is_saved_once():
+    """The saved [..., H] memory grows by the same amount per block (one seal per layer here): each snapshot is
+    saved once, shared by the reads after it. Keeping a [..., n, H] stack per block would grow it quadratically."""
+    embeddings = embeddings_of((4, 5))
+    saved = {}
+    for blocks in (3, 6, 9):  # L <= 10 sources: no statistic [T, L] ends in HIDDEN
+        model = Stack(blocks, 1)
+        saved[blocks] = sum(saved_tensor_storages(lambda model=model: model(embeddings)).values())
+    assert saved[6] > saved[3]
+    assert saved[9] - saved[6] == saved[6] - saved[3], f"saved bytes by blocks: {saved}"
+
+
 # ---------------------------------------------------------------------------------- dtypes and gradients
 
 
@@ -406,6 +595,18 @@ def test_reading_with_something_else_than_a_block_attn_res_raises():
     stream = ResidualStream(embeddings_of((3,)))
     with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes or a BlockAttnResReader, got Linear"):
         stream.read(torch.nn.Linear(HIDDEN, HIDDEN))
+
+
+@pytest.mark.parametrize(("output_norm", "error", "message"), [
+    (torch.ones(HIDDEN + 1), ValueError, r"output_norm must be a weight \[16\] or \[S, 16\], got \[17\]"),
+    (torch.nn.RMSNorm(8), ValueError, r"output_norm must normalise the hidden size \(16,\), got normalized_shape"),
+    ([torch.nn.RMSNorm(HIDDEN, eps=1e-6), torch.nn.RMSNorm(HIDDEN, eps=1e-5)], ValueError, r"the output_norm modules. eps differ"),
+    (torch.nn.LayerNorm(HIDDEN), TypeError, r"output_norm must be None, a torch.nn.RMSNorm, .* got LayerNorm"),
+], ids=["weight-shape", "module-shape", "eps-differ", "not-an-rmsnorm"])
+def test_a_bad_output_norm_raises(output_norm, error, message):
+    stream = ResidualStream(embeddings_of((3,)))
+    with pytest.raises(error, match=r"ResidualStream\.read: " + message):
+        stream.read(BlockAttnRes(HIDDEN), output_norm=output_norm)
 
 
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
