@@ -4,9 +4,10 @@
 
 Each forward runs under torch.no_grad() on a `ResidualStream` whose seals name the reads that follow them, so the
 stream reads through the two-phase ops (one `block_attn_res_prepare` per seal for all those reads, one
-`block_attn_res_update` per read) when they are built, and through the per-layer op otherwise. Attention keeps a
-`KVCache` per layer; Block AttnRes mixes over depth, token by token, so a decode step's stream holds that token
-alone. Prints the tokens and the time per token.
+`block_attn_res_update` per read, then the sublayer's RMSNorm) when they are built, and otherwise through the
+general read op with the RMSNorm fused (the model's reads all carry one). Attention keeps a `KVCache` per layer;
+Block AttnRes mixes over depth, token by token, so a decode step's stream holds that token alone. Prints the
+tokens and the time per token.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def generate(model: BlockAttnResLM, prompt: torch.Tensor, new_tokens: int) -> Ge
 def read_path() -> str:
     if two_phase_ops_available():
         return "two-phase ops (block_attn_res_prepare + block_attn_res_update)"
-    return "per-layer op (the two-phase ops are not built)"
+    return "general read op with the fused norm (the two-phase ops are not built)"
 
 
 def report(run: Generation) -> str:

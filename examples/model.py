@@ -22,7 +22,6 @@ from torch import nn
 
 from attnres_ge import BlockAttnRes, ResidualStream
 
-
 NORM_EPS = 1e-6
 
 

@@ -3,7 +3,8 @@
     python -m attnres_ge.examples.train --steps 8
 
 Both runs start from the same seed and see the same batches; graph mode is
-`torch.compile(model, backend="attnres_ge")` (AOTAutograd, both ops through the local GE).
+`torch.compile(model, backend="attnres_ge")` (AOTAutograd; the stream's reads are the general read,
+which has no GE converter yet and runs as the same torch call in both modes).
 Prints both loss curves, their difference (0.0 when bit-identical) and the time per step of
 each mode (graph mode's first step, which compiles, is reported apart).
 """

@@ -438,7 +438,8 @@ def test_a_fused_output_norm_returns_the_sublayers_normed_input(path):
     cotangents = [embeddings_of((2, 3), seed=seed) for seed in (20, 21, 22)]
 
     def loss(results):
-        return sum((result * cotangent.to(result.dtype)).sum() for result, cotangent in zip(results, cotangents))
+        pairs = zip(results, cotangents, strict=True)
+        return sum((result * cotangent.to(result.dtype)).sum() for result, cotangent in pairs)
 
     leaves = [embeddings, *(p for mixer in mixers for p in (mixer.proj_weight, mixer.norm_weight)),
               *(norm.weight for norm in norms)]
@@ -593,14 +594,16 @@ def test_embeddings_that_are_no_tensor_or_0_d_raise():
 
 def test_reading_with_something_else_than_a_block_attn_res_raises():
     stream = ResidualStream(embeddings_of((3,)))
-    with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes or a BlockAttnResReader, got Linear"):
+    with pytest.raises(TypeError, match=r"ResidualStream\.read: mixer must be a BlockAttnRes or a "
+                                        r"BlockAttnResReader, got Linear"):
         stream.read(torch.nn.Linear(HIDDEN, HIDDEN))
 
 
 @pytest.mark.parametrize(("output_norm", "error", "message"), [
     (torch.ones(HIDDEN + 1), ValueError, r"output_norm must be a weight \[16\] or \[S, 16\], got \[17\]"),
     (torch.nn.RMSNorm(8), ValueError, r"output_norm must normalise the hidden size \(16,\), got normalized_shape"),
-    ([torch.nn.RMSNorm(HIDDEN, eps=1e-6), torch.nn.RMSNorm(HIDDEN, eps=1e-5)], ValueError, r"the output_norm modules. eps differ"),
+    ([torch.nn.RMSNorm(HIDDEN, eps=1e-6), torch.nn.RMSNorm(HIDDEN, eps=1e-5)], ValueError,
+     r"the output_norm modules. eps differ"),
     (torch.nn.LayerNorm(HIDDEN), TypeError, r"output_norm must be None, a torch.nn.RMSNorm, .* got LayerNorm"),
 ], ids=["weight-shape", "module-shape", "eps-differ", "not-an-rmsnorm"])
 def test_a_bad_output_norm_raises(output_norm, error, message):
