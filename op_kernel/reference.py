@@ -226,6 +226,7 @@ def general_read_reference(
     scale: float = 1.0,
     normalize_values: bool = False,
     return_weights: bool = False,
+    output_eps: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The general read of Block AttnRes, in float64: S queries over the same L sources, per token.
 
@@ -235,9 +236,9 @@ def general_read_reference(
         k_i   = w * v_i * r_i                                  (RMSNorm, weight w)
         p_s,i = softmax_i(scale * <q_s, k_i>)
         o_s   = sum_i p_s,i u_i,   u_i = v_i * r_i if normalize_values else v_i
-        o_s   = g * o_s / sqrt(mean_h o_s^2 + eps)              (only with output_norm_weight)
+        o_s   = g * o_s / sqrt(mean_h o_s^2 + output_eps)       (only with output_norm_weight)
     The values are mixed raw (the paper, FLA's naive_attnres/fused_attnres) or normalised without w
-    (Inkling2, whose keys carry no weight and whose scale is H**-0.5). One eps serves both norms, as in FLA.
+    (Inkling2, whose keys carry no weight and whose scale is H**-0.5). output_eps None: eps, as in FLA.
     The op computes in float32 and rounds o once to the sources' dtype; this oracle returns float64.
 
     Returns o [S, ..., H] and, with `return_weights`, also p [S, L, ...], both float64.
@@ -265,5 +266,6 @@ def general_read_reference(
         gain = output_norm_weight.to(torch.float64)
         if gain.dim() == 2:  # one weight per query: [S, 1, ..., 1, H]
             gain = gain.reshape(gain.shape[0], *([1] * (len(shape) - 1)), hidden)
-        out = gain * out * torch.rsqrt(out.pow(2).mean(dim=-1, keepdim=True) + eps)
+        out_eps = eps if output_eps is None else output_eps
+        out = gain * out * torch.rsqrt(out.pow(2).mean(dim=-1, keepdim=True) + out_eps)
     return (out, weights) if return_weights else out

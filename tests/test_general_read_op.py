@@ -86,6 +86,16 @@ def test_read_and_gradients_match_float64(implementation, case, dtype):
                           dtype if index < count else torch.float32, whole_tensor=True)
 
 
+def test_output_norm_has_its_own_eps(implementation):
+    sources = make_sources(5, 24, 3, torch.float32, tiny_rows=True)
+    query, key, gain = parameters(24, 2, True, (2,))
+    out = attnres_ge.fused_attnres(query, [0.01 * s for s in sources], key, gain, 1e-6, output_rms_eps=1e-2)
+    expected = general_read_reference(query, [0.01 * s for s in sources], key, gain, 1e-6, output_eps=1e-2)
+    assert_within("output", out, expected, torch.float32)
+    same_eps = general_read_reference(query, [0.01 * s for s in sources], key, gain, 1e-6)
+    assert max_violation(out, same_eps, torch.float32)[1] > 0  # the eps is visible at these magnitudes
+
+
 def test_sources_are_read_where_they_lie(implementation):
     """Views with a row stride (the rows of one [T, N, H] tensor) give what contiguous copies give."""
     stacked = torch.randn(6, 4, 24)
