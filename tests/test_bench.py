@@ -361,3 +361,100 @@ def test_the_generic_family_times_a_registry_op_added_at_run_time(tmp_path):
         ("add_into_T8_H64", "float32", provider, "forward") for provider in ("op-eager", "op-graph")}
     for m in results:
         assert m["path"] == "python" and m["traffic_bytes"] == 3 * 8 * 64 * 4 and m["median_ms"] > 0
+
+
+TINY_READS = {"read_T8_N2_H64_S1": (8, 2, 64, 1), "read_T8_N2_H64_S3": (8, 2, 64, 3)}
+
+
+@pytest.fixture
+def tiny_reads(monkeypatch):
+    """The read's named shapes, small enough for its float64 Python kernels in a test."""
+    monkeypatch.setitem(registry.NAMED_SHAPES, "read", TINY_READS)
+
+
+@pytest.fixture
+def inkling2():
+    return pytest.importorskip("transformers.models.inkling2.modeling_inkling2",
+                               reason="transformers with Inkling2 (the `models` extra) is not installed")
+
+
+def test_read_family_times_its_providers_and_judges_its_goals_from_the_measurements(
+        tmp_path, never_disturbed, tiny_reads, inkling2, capsys):
+    out = tmp_path / "bench.json"
+    providers = ["op", "hf-eager", "fused", "unfused"]  # hf-inductor left out: its compile alone takes seconds
+    assert bench.main(["--shapes", *TINY_READS, "--dtypes", "float32", "bfloat16", "--providers", *providers,
+                       "--rounds", "3", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    timed = {(m["shape"], m["dtype"], m["provider"]): m for m in written["results"]}
+    one_query = [(name, dtype, p) for name in TINY_READS for dtype in ("float32", "bfloat16") for p in providers
+                 if TINY_READS[name][3] == 1 or p in ("op", "hf-eager")]  # FLA's interface reads one query
+    assert sorted(timed) == sorted(one_query)
+    for (name, dtype, _), m in timed.items():
+        tokens, blocks, hidden, queries = TINY_READS[name]
+        size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        assert m["traffic_bytes"] == (blocks + 1 + queries) * tokens * hidden * size
+        assert m["path"] == paths.read_path() and m["trusted"] and m["median_ms"] > 0
+    rows = {(r["shape"], r["dtype"], r["provider"], r["against"]): r for r in written["read_goals"]}
+    for (name, dtype, provider, against), row in rows.items():
+        ours = timed[name, dtype, provider]
+        expected = (ours["fraction_of_copy"] if against == report.COPY
+                    else timed[name, dtype, against]["median_ms"] / ours["median_ms"])
+        assert row["ratio"] == pytest.approx(expected)
+        assert row["goal"] == (None if (provider, against) == ("fused", "unfused") and dtype == "float32"
+                               else report.READ_GOALS[provider, against])
+        assert row["met"] == (None if row["goal"] is None else row["ratio"] >= row["goal"])
+    assert {key[2:] for key in rows} == {("op", "copy"), ("op", "hf-eager"), ("fused", "unfused")}
+    assert len(rows) == 2 * 2 * 2 + 2  # op's two per shape and dtype; fused's at S=1
+    printed = [line.split() for line in capsys.readouterr().out.splitlines()]
+    table = [fields for fields in printed if len(fields) > 2 and fields[1] in TINY_READS]  # path, shape, ...
+    assert len(table) == 4 and all(fields.count("timed") >= 1 for fields in table)  # hf-inductor: not timed
+
+
+def test_read_goal_cells_show_ratios_verdicts_and_what_says_nothing():
+    def measurement(provider, dtype, ms, fraction=0.5, disturbed=""):
+        return harness.Measurement("read_T4096_N8_H2048_S1", dtype, provider, "forward", ms, 0.1, ms, 10**6, 1.0,
+                                   2.0, fraction, 0.0, 3.0, 1, disturbed, "avx2")
+    results = [measurement("op", "bfloat16", 2.0, fraction=0.9), measurement("hf-eager", "bfloat16", 30.0),
+               measurement("hf-inductor", "bfloat16", 10.0, disturbed="spread 9 ms"),
+               measurement("fused", "bfloat16", 1.0), measurement("unfused", "bfloat16", 1.1),
+               measurement("fused", "float32", 1.0), measurement("unfused", "float32", 2.0),
+               measurement("op", "float32", 1.0, fraction=0.7)]
+    rows = report.read_goal_rows(results, {"read_T4096_N8_H2048_S1"})
+    assert report.read_goal_rows(results, {"read_T4096_N8_H2048_S3"}) == []  # not a read shape of this run
+    lines = report.read_goal_table(rows)
+    cells = {line.split()[2]: [cell.strip() for cell in line[48:].split("  ") if cell.strip()] for line in lines[2:]}
+    assert cells == {"bfloat16": ["90% met", "15.00x met", "disturbed", "1.10x NOT MET"],
+                     "float32": ["70% NOT MET", "not timed", "not timed", "2.00x (no goal)"]}
+
+
+def test_read_providers_compute_the_same_read(inkling2):
+    """Each pair the read's goals compare computes one read, so the bench times one computation two ways."""
+    from attnres_ge.bench.cases.read import ReadCase
+
+    for queries in (1, 3):
+        case = ReadCase((5, 3, 48, queries), torch.float32)
+        ours, theirs = (case.provider(name)["forward"]() for name in ("op", "hf-eager"))
+        torch.testing.assert_close(ours, torch.stack(theirs).reshape(ours.shape), rtol=1e-4, atol=1e-5)
+    fused, unfused = (case.provider(name)["forward"]() for name in ("fused", "unfused"))
+    torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
+
+
+def test_read_without_transformers_times_the_rest_and_says_what_is_missing(monkeypatch):
+    from attnres_ge.bench.cases.read import ReadCase
+
+    monkeypatch.setitem(sys.modules, "transformers.models.inkling2", None)  # its import now fails
+    logged = []
+    results = harness.measure_case(ReadCase((4, 1, 16, 1), torch.float32), "read_T4_N1_H16_S1", "float32",
+                                   ["op", "hf-eager"], rounds=3, retries=0, log=logged.append)
+    assert [m.provider for m in results] == ["op"]
+    assert any(line.startswith("  hf-eager: unavailable (RuntimeError: needs transformers with Inkling2")
+               for line in logged)
+
+
+@pytest.mark.parametrize(("argv", "reads"), [([], list(TINY_READS)), (["--shapes", "read_T8_N2_H64_S3"],
+                                                                        ["read_T8_N2_H64_S3"]),
+                                             (["--shape", "4,1,16"], [])])
+def test_read_shapes_are_named_shapes_of_their_own_family(argv, reads, tiny_reads):
+    args = bench.build_parser().parse_args(argv)
+    run.select_shapes(args)
+    assert list(args.read_shapes) == reads

@@ -15,6 +15,8 @@ The modules, by job:
                    two_phase   block_attn_res_prepare and block_attn_res_update (T_N_S_D)
                    block       one block of a model, per-layer reads against two-phase (block_T_N_D_R)
                    stream      one forward of a model's residual stream, both ways (stream_T_D_L_B)
+                   read        the general read (fused_attnres) against Inkling2's module, eager and
+                               inductor, and FLA's interface with and without its output norm (read_T_N_H_S)
                    op          any registry op (ge_plugin/ops.py) that sets bench_inputs and has no family
                  and registry, the named shapes of each family and registry op (--shapes, --list)
   overheads      the per-call overhead of the per-layer op's paths above the bare kernel, for short kernels

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from attnres_ge.bench.cases.block import BLOCK_PROVIDERS
 from attnres_ge.bench.cases.per_layer import BASELINES, OUR_PROVIDERS, READ
+from attnres_ge.bench.cases.read import OUR_READ_PROVIDERS
 from attnres_ge.bench.cases.two_phase import TWO_PHASE_PROVIDERS
 from attnres_ge.bench.harness import Measurement
 
@@ -30,7 +31,7 @@ def plot(results: list[Measurement], path: str) -> bool:
         row[0].set_title(f"{name}: time per call")
         _speedup_bars(row[1], group)
         row[1].set_title(f"{name}: speedup of our ops")
-        ours = (*OUR_PROVIDERS, READ, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS)
+        ours = (*OUR_PROVIDERS, READ, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS, *OUR_READ_PROVIDERS)
         _bars(row[2], [m for m in group if m.provider in ours], lambda m: 100 * m.fraction_of_copy,
               "% of paired copy")
         row[2].axhline(100, color="grey", linewidth=0.8, linestyle="--")

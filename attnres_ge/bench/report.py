@@ -2,7 +2,8 @@
 
 --paths times everything on several of the native kernels' instruction set paths, one after the other in the
 same run. Where the goals' shape (GOAL_SHAPE) was timed, a table closes the run: per path and dtype, op-graph's
-and op-eager's fraction of the paired copy against GOALS.
+and op-eager's fraction of the paired copy against GOALS; where a read shape was timed, one per shape and dtype of
+the read's ratios against READ_GOALS.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ GOAL_SHAPE = (4096, 8, 2048)
 GOAL_PATHS = ("avx2", "avx512", "avx512bf16")
 GOALS = {("op-graph", "forward"): 0.90, ("op-graph", "backward"): 0.80,
          ("op-eager", "forward"): 0.80, ("op-eager", "backward"): 0.60}
+
+# The general read's goals (cases/read.py), per read shape and dtype: (provider, against) -> the least ratio.
+# Against COPY the ratio is the provider's fraction of the paired copy, against another provider that one's median
+# time over this one's (a speedup). READ_GOAL_DTYPES limits a goal to some dtypes; elsewhere its ratio is shown
+# without a verdict.
+COPY = "copy"
+READ_GOALS = {("op", COPY): 0.80, ("op", "hf-eager"): 10.0, ("op", "hf-inductor"): 10.0, ("fused", "unfused"): 1.15}
+READ_GOAL_DTYPES = {("fused", "unfused"): ("bfloat16",)}
 
 
 def speedups(results: list[Measurement]) -> list[dict]:
@@ -78,6 +87,62 @@ def _goal_cell(row: dict | None) -> str:
     if row["met"] is None:
         return "disturbed"
     return f"{row['fraction_of_copy']:.0%} {'met' if row['met'] else 'NOT MET'}"
+
+
+def read_goal_rows(results: list[Measurement], read_shapes) -> list[dict]:
+    """Per path, read shape (among `read_shapes`, names) and dtype, each READ_GOALS ratio whose providers were
+    timed: the ratio from this run's medians (None when a measurement of it was disturbed), its goal (None where
+    READ_GOAL_DTYPES leaves this dtype out) and whether it is met (None without a ratio or a goal)."""
+    keyed = {(m.path, m.shape, m.dtype, m.provider): m for m in results if m.shape in read_shapes}
+    rows = []
+    for path, shape, dtype in dict.fromkeys(key[:3] for key in keyed):
+        for (provider, against), goal in READ_GOALS.items():
+            ours, theirs = keyed.get((path, shape, dtype, provider)), keyed.get((path, shape, dtype, against))
+            if ours is None or (theirs is None and against != COPY):
+                continue
+            ratio = _read_ratio(ours, theirs)
+            goal = goal if dtype in READ_GOAL_DTYPES.get((provider, against), (dtype,)) else None
+            rows.append({"path": path, "shape": shape, "dtype": dtype, "provider": provider, "against": against,
+                         "ratio": ratio, "goal": goal,
+                         "met": None if ratio is None or goal is None else ratio >= goal})
+    return rows
+
+
+def _read_ratio(ours: Measurement, theirs: Measurement | None) -> float | None:
+    """ours' fraction of the paired copy (theirs None), or theirs' median over ours; None from a disturbed one."""
+    if not ours.trusted or (theirs is not None and not theirs.trusted):
+        return None
+    return ours.fraction_of_copy if theirs is None else theirs.median_ms / ours.median_ms
+
+
+def read_goal_table(rows: list[dict]) -> list[str]:
+    """read_goal_rows as printed lines: a column per goal, a row per path, shape and dtype."""
+    cells = {(r["path"], r["shape"], r["dtype"], r["provider"], r["against"]): r for r in rows}
+    header = "".join(_read_goal_name(provider, against, goal).ljust(24)
+                     for (provider, against), goal in READ_GOALS.items())
+    lines = ["the general read's goals (op: Inkling2's read, fused: FLA's with its output norm):",
+             f"  {'path':<12}{'shape':<24}{'dtype':<10}{header}".rstrip()]
+    for path, shape, dtype in dict.fromkeys((r["path"], r["shape"], r["dtype"]) for r in rows):
+        line = f"  {path:<12}{shape:<24}{dtype:<10}"
+        for provider, against in READ_GOALS:
+            line += _read_goal_cell(cells.get((path, shape, dtype, provider, against))).ljust(24)
+        lines.append(line.rstrip())
+    return lines
+
+
+def _read_goal_name(provider: str, against: str, goal: float) -> str:
+    return f"{provider} >= {goal:.0%} of copy" if against == COPY else f"{provider} >= {goal:g}x {against}"
+
+
+def _read_goal_cell(row: dict | None) -> str:
+    if row is None:
+        return "not timed"
+    if row["ratio"] is None:
+        return "disturbed"
+    ratio = f"{row['ratio']:.0%}" if row["against"] == COPY else f"{row['ratio']:.2f}x"
+    if row["goal"] is None:
+        return f"{ratio} (no goal)"
+    return f"{ratio} {'met' if row['met'] else 'NOT MET'}"
 
 
 def block_rows(results: list[Measurement], providers: tuple[str, str]) -> list[dict]:

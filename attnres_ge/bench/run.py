@@ -14,18 +14,29 @@ from attnres_ge.bench.cases import registry
 from attnres_ge.bench.cases.block import BLOCK_PROVIDERS, BlockCase
 from attnres_ge.bench.cases.op import OP_PROVIDERS, OpCase, timed_dtypes
 from attnres_ge.bench.cases.per_layer import OUR_PROVIDERS, PROVIDERS, measure
+from attnres_ge.bench.cases.read import READ_PROVIDERS, ReadCase, timed_providers
 from attnres_ge.bench.cases.stream import STREAM_PROVIDERS, StreamCase
 from attnres_ge.bench.cases.two_phase import TWO_PHASE_PROVIDERS, TwoPhaseCase
 from attnres_ge.bench.harness import Measurement, measure_case
 from attnres_ge.bench.overheads import OVERHEAD_ROUNDS, call_overheads, overhead_lines
-from attnres_ge.bench.paths import ALL_PATHS, kernel_threads, on_path, op_path, paths_to_time, two_phase_path
+from attnres_ge.bench.paths import ALL_PATHS, kernel_threads, on_path, op_path, paths_to_time, read_path, two_phase_path
 from attnres_ge.bench.plot import plot
-from attnres_ge.bench.report import block_rows, block_table, goal_rows, goal_table, machine, speedups
+from attnres_ge.bench.report import (
+    block_rows,
+    block_table,
+    goal_rows,
+    goal_table,
+    machine,
+    read_goal_rows,
+    read_goal_table,
+    speedups,
+)
 from attnres_ge.shapes import DTYPES, parse_shape
 
 DESCRIPTION = ("`attnres-ge bench`: Block AttnRes against a paired copy and against PyTorch, side by side in one "
                "process.")
-ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS, *STREAM_PROVIDERS)  # OP_PROVIDERS among them
+ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS, *STREAM_PROVIDERS,
+                 *READ_PROVIDERS)  # OP_PROVIDERS among them
 # The families timed float32 only, at their named shapes: case type and providers.
 SUITES = {"two-phase": (TwoPhaseCase, TWO_PHASE_PROVIDERS), "block": (BlockCase, BLOCK_PROVIDERS),
           "stream": (StreamCase, STREAM_PROVIDERS)}
@@ -55,7 +66,8 @@ def chosen_names(args: argparse.Namespace, shapes: dict[str, dict[str, tuple[int
 
 def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
     """The per-layer op's shapes of the run (named ones and --shape); sets args.suite_shapes (two-phase, block,
-    stream: their named shapes of the run) and args.op_shapes (generic op -> its named shapes of the run, only
+    stream: their named shapes of the run), args.read_shapes (the read's named shapes of the run) and
+    args.op_shapes (generic op -> its named shapes of the run, only
     the --ops where given). ValueError for an --ops name the generic family does not time."""
     shapes = registry.all_shapes()
     generic = registry.generic_ops()
@@ -69,6 +81,7 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
         return {name: shapes[owner][name] for name in names if name in shapes[owner]}
 
     args.suite_shapes = {family: picked(family) for family in SUITES}
+    args.read_shapes = picked("read")
     args.op_shapes = {op: picked(op) for op in generic if not args.ops or op in args.ops}
     selected = picked("per-layer")
     selected.update(args.shape)
@@ -77,16 +90,18 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
 
 def build_parser() -> argparse.ArgumentParser:
     shapes = registry.all_shapes()
-    per_layer, two_phase, streams = (", ".join(shapes[family]) for family in ("per-layer", "two-phase", "stream"))
+    per_layer, two_phase, streams, reads = (", ".join(shapes[family])
+                                            for family in ("per-layer", "two-phase", "stream", "read"))
     parser = argparse.ArgumentParser(prog="attnres-ge bench", description=DESCRIPTION)
     parser.add_argument("--shapes", nargs="+", default=None, metavar="NAME",
                         choices=[name for named in shapes.values() for name in named],
                         help=f"named shapes to time: the per-layer op's {per_layer} (T_N_H); the two-phase ops' "
                              f"{two_phase} (T_N_S_D); blocks block_T{{4096,16,1}}_N{{8,32}}_D{{2048,7168}}_"
-                             f"R{registry.BLOCK_READS}; the stream's {streams} (T_D_layers_layers per block); a "
-                             f"registry op's (see --list) (default: all per-layer, two-phase and stream shapes, the "
-                             f"blocks {', '.join(registry.DEFAULT_SHAPES['block'])} and the registry ops' shapes, "
-                             f"unless --shape or --ops is given)")
+                             f"R{registry.BLOCK_READS}; the stream's {streams} (T_D_layers_layers per block); the "
+                             f"general read's {reads} (T_N_H_S); a registry op's (see --list) (default: all "
+                             f"per-layer, two-phase, stream and read shapes, the blocks "
+                             f"{', '.join(registry.DEFAULT_SHAPES['block'])} and the registry ops' shapes, unless "
+                             f"--shape or --ops is given)")
     parser.add_argument("--all-blocks", action="store_true",
                         help=f"also time every block shape ({len(shapes['block'])}), not only the chosen ones")
     parser.add_argument("--shape", action="append", type=named_shape, default=[], metavar="T,N,H",
@@ -102,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="PROVIDER", help=f"what to time: the per-layer op's {', '.join(PROVIDERS)}; the "
                                                  f"two-phase ops' {', '.join(TWO_PHASE_PROVIDERS)}; a block's "
                                                  f"{', '.join(BLOCK_PROVIDERS)}; the stream's "
-                                                 f"{', '.join(STREAM_PROVIDERS)}; a registry op's "
+                                                 f"{', '.join(STREAM_PROVIDERS)}; the general read's "
+                                                 f"{', '.join(READ_PROVIDERS)}; a registry op's "
                                                  f"{', '.join(OP_PROVIDERS)} (default: all)")
     parser.add_argument("--paths", nargs="+", default=None, metavar="PATH",
                         help="instruction set paths of the native kernels to time, one after the other in this run "
@@ -163,12 +179,16 @@ def report(results: list[Measurement], overheads: list[dict], blocks: list[dict]
     goals = goal_rows(results, shapes)
     if goals:
         print("\n".join(goal_table(goals)))
+    read_goals = read_goal_rows(results, args.read_shapes)
+    if read_goals:
+        print("\n".join(read_goal_table(read_goals)))
     if blocks:
         print("\n".join(block_table(blocks)))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
-                       "speedups": ratios, "overheads": overheads, "goals": goals, "blocks": blocks}, handle,
+                       "speedups": ratios, "overheads": overheads, "goals": goals, "read_goals": read_goals,
+                       "blocks": blocks}, handle,
                       indent=1)
         print(f"wrote {args.json}")
     if args.plot:
@@ -178,8 +198,8 @@ def report(results: list[Measurement], overheads: list[dict], blocks: list[dict]
 def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace,
                later_path: bool = False) -> tuple[list[Measurement], list[dict], list[dict]]:
     """Every shape and dtype of the run on the kernels as they run now: the measurements, the per-call overheads
-    of the short ones, and the block rows (block_rows). On a later path of --paths the two-phase ops and the
-    generic ops are not timed again while they run Python kernels (the path does not change them)."""
+    of the short ones, and the block rows (block_rows). On a later path of --paths the two-phase ops, the
+    generic ops and the read are not timed again while they run Python kernels (the path does not change them)."""
     from attnres_ge.op_kernel import describe_implementation
 
     print(f"kernels: {describe_implementation()}, {kernel_threads()} kernel threads, "
@@ -197,7 +217,8 @@ def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace
     blocks = time_suite("block", args)
     streams = time_suite("stream", args)
     ops = time_ops(args, later_path)
-    return (results + blocks + streams + ops, overheads,
+    reads = [] if later_path and read_path() == "python" else time_reads(args)
+    return (results + blocks + streams + ops + reads, overheads,
             block_rows(blocks, BLOCK_PROVIDERS) + block_rows(streams, STREAM_PROVIDERS))
 
 
@@ -238,4 +259,17 @@ def time_ops(args: argparse.Namespace, later_path: bool = False) -> list[Measure
                 rounds = rounds_for(case.copy_elements(), args)
                 print(f"{shape_name} {dtype_name} ({rounds} rounds)")
                 results += measure_case(case, shape_name, dtype_name, providers, rounds, args.retries)
+    return results
+
+
+def time_reads(args: argparse.Namespace) -> list[Measurement]:
+    """The general read's shapes of the run, each --dtypes, with the --providers a shape times (timed_providers)."""
+    results = []
+    for shape_name, shape in args.read_shapes.items():
+        providers = timed_providers(shape, args.providers)
+        for dtype_name in args.dtypes if providers else ():
+            case = ReadCase(shape, DTYPES[dtype_name])
+            rounds = rounds_for(case.copy_elements(), args)
+            print(f"{shape_name} {dtype_name} ({rounds} rounds)")
+            results += measure_case(case, shape_name, dtype_name, providers, rounds, args.retries)
     return results

@@ -23,8 +23,9 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "two-phase": ("block_attn_res_prepare", "block_attn_res_update"),
     "block": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
     "stream": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
+    "read": ("block_attn_res_read",),
 }
-FAMILY_LETTERS = {"per-layer": "TNH", "two-phase": "TNSD", "block": "TNDR", "stream": "TDLB"}
+FAMILY_LETTERS = {"per-layer": "TNH", "two-phase": "TNSD", "block": "TNDR", "stream": "TDLB", "read": "TNHS"}
 
 NAMED_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
     "per-layer": {
@@ -44,6 +45,9 @@ NAMED_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
     },
     # One no-grad forward of a model's residual stream (its sublayers left out): a prefill and a decode token count.
     "stream": {f"stream_T{tokens}_D2048_L32_B4": (tokens, 2048, 32, 4) for tokens in (4096, 1)},
+    # The general read (N blocks and the partial block, S queries): Inkling2's MLP input (S=1; FLA's interface
+    # too) and a full-attention layer's q, k, v inputs (S=3).
+    "read": {f"read_T4096_N8_H2048_S{queries}": (4096, 8, 2048, queries) for queries in (1, 3)},
 }
 # Timed without --shapes where fewer than every named shape (--all-blocks adds every block shape).
 DEFAULT_SHAPES: dict[str, tuple[str, ...]] = {
