@@ -202,3 +202,65 @@ def checked_kernel(kernel: OpKernel) -> Callable[..., None]:
     run.__name__ = run.__qualname__ = f"{prototype.op_type}_native"
     run.__module__ = __name__
     return run
+
+
+# ------------------------------------------------------------------------- BlockAttnResRead, the general read
+# Its kernels take their arguments directly (no tiling record: the L sources are separate tensors, read in
+# place at whatever row stride they have). The caller (op_kernel/block_attn_res_read.py) has validated
+# shapes and dtypes; here only what the C++ side relies on is asserted cheaply. The weight gradients'
+# per-chunk workspace is allocated by the C++ kernel itself (op_kernel/csrc/read_kernel.h).
+
+READ_OP = "BlockAttnResRead"
+
+
+def _optional_address(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
+
+
+def _read_sources(sources: Sequence[torch.Tensor]) -> tuple[torch.dtype, int, int, list[int], list[int]]:
+    """(dtype, T, H, addresses, row strides) of the sources, each [T, H] with unit stride along H."""
+    tokens, hidden = sources[0].shape
+    dtype = sources[0].dtype
+    for source in sources:
+        if source.dtype != dtype or source.shape != (tokens, hidden) or (hidden > 1 and source.stride(1) != 1):
+            raise ValueError(f"{READ_OP} native kernel: every source must be [{tokens}, {hidden}] {dtype} with unit "
+                             f"stride along H, got {source.dtype} {list(source.shape)} strides {source.stride()}")
+    # A stride is only ever multiplied by a token index, so for T <= 1 any value >= H reads the same rows.
+    strides = [source.stride(0) if tokens > 1 else hidden for source in sources]
+    return dtype, tokens, hidden, [source.data_ptr() for source in sources], strides
+
+
+def _read_shape(tokens: int, hidden: int, sources, query: torch.Tensor, output_norm_weight) -> tuple[int, ...]:
+    """(T, H, L, S, W): W = 0 without an output norm."""
+    weight_rows = 0 if output_norm_weight is None else output_norm_weight.reshape(-1, hidden).shape[0]
+    return tokens, hidden, len(sources), query.shape[0], weight_rows
+
+
+def read_forward(sources, query, key_norm_weight, output_norm_weight, out, inv_norm, probs, output_inv_rms,
+                 eps: float, output_eps: float, scale: float, normalize_values: bool) -> None:
+    """BlockAttnResRead's forward (op_kernel/csrc/read_kernel.h) into `out` [S, T, H] and, when given,
+    `inv_norm` [T, L], `probs` [S, T, L] and `output_inv_rms` [S, T]. eps, output_eps and scale are used
+    rounded to float32, as GE stores them."""
+    dtype, tokens, hidden, addresses, strides = _read_sources(sources)
+    tensors = [query, key_norm_weight, output_norm_weight, out, inv_norm, probs, output_inv_rms]
+    _native.read_forward(_dtype_code(READ_OP, dtype), _read_shape(tokens, hidden, sources, query, output_norm_weight),
+                         addresses, strides, [_optional_address(t) for t in tensors], (eps, output_eps, scale),
+                         bool(normalize_values), torch.get_num_threads())
+
+
+def read_backward(grad_out, sources, query, key_norm_weight, output_norm_weight, inv_norm, probs, output_inv_rms,
+                  grad_sources, grad_query, grad_key_norm_weight, grad_output_norm_weight,
+                  eps: float, output_eps: float, scale: float, normalize_values: bool) -> None:
+    """BlockAttnResRead's backward (op_kernel/csrc/read_kernel.h) from the forward's saved `inv_norm`,
+    `probs` and `output_inv_rms`, into `grad_sources` (L contiguous [T, H] tensors), `grad_query` [S, H]
+    and, when given, `grad_key_norm_weight` [H] and `grad_output_norm_weight` [W, H]. With T = 0 the
+    query's and weights' gradients are written as zeros."""
+    dtype, tokens, hidden, addresses, strides = _read_sources(sources)
+    if len(grad_sources) != len(sources) or any(not grad.is_contiguous() for grad in grad_sources):
+        raise ValueError(f"{READ_OP} native kernel: grad_sources must be {len(sources)} contiguous tensors")
+    tensors = [grad_out, query, key_norm_weight, output_norm_weight, inv_norm, probs, output_inv_rms, grad_query,
+               grad_key_norm_weight, grad_output_norm_weight]
+    _native.read_backward(_dtype_code(READ_OP, dtype), _read_shape(tokens, hidden, sources, query, output_norm_weight),
+                          addresses, strides, [_optional_address(t) for t in tensors],
+                          [grad.data_ptr() for grad in grad_sources], (eps, output_eps, scale),
+                          bool(normalize_values), torch.get_num_threads())

@@ -15,11 +15,14 @@
 
 namespace attnres {
 
-// The kernel table of each instruction set (isa_*.cpp): a pointer per op's kernel.
+// The kernel table of each instruction set (isa_*.cpp): a pointer per op's kernel and per directly
+// called kernel, in the list's order.
 struct KernelTable {
 #define ATTNRES_NATIVE_OP(entry, kernel, Args, native_op) void (*kernel)(const Args&, int max_threads);
+#define ATTNRES_DIRECT_KERNEL(entry, kernel, Args) void (*kernel)(const Args&, int max_threads);
 #include "native_op_list.h"
 #undef ATTNRES_NATIVE_OP
+#undef ATTNRES_DIRECT_KERNEL
 };
 
 // The kernels of each instruction set, declared here only (a declaration seen before an
@@ -127,7 +130,9 @@ std::string select_isa_path(const std::string& name) {
 // The dispatched entries: each op's kernel on the selected instruction set.
 #define ATTNRES_NATIVE_OP(entry, kernel, Args, native_op) \
   void entry(const Args& args, int max_threads) { selected().load()->kernels.kernel(args, max_threads); }
+#define ATTNRES_DIRECT_KERNEL(entry, kernel, Args) ATTNRES_NATIVE_OP(entry, kernel, Args, unused)
 #include "native_op_list.h"
 #undef ATTNRES_NATIVE_OP
+#undef ATTNRES_DIRECT_KERNEL
 
 }  // namespace attnres

@@ -8,6 +8,8 @@
 //                                     (capsule, launch_record.h), once the record deals out
 //                                     exactly its items and tiles exactly the hidden size
 //   launch                            a launch record, data addresses, the thread limit -> the kernel
+//   read_forward, read_backward       BlockAttnResRead's kernels, called with their arguments (it has no
+//                                     tiling record: block_attn_res_read_args.h)
 //   LANES, DTYPE_CODES                constants the Python side asserts it shares
 //   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
 //   known_isa_paths, select_isa_path
@@ -142,6 +144,129 @@ PyObject* launch(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// The ints of a sequence, or false with a Python error set.
+bool integers(PyObject* sequence, const char* what, std::vector<int64_t>* out) {
+  PyObject* items = PySequence_Fast(sequence, what);
+  if (items == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    const long long value = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(items, i));
+    if (value == -1 && PyErr_Occurred()) return Py_DECREF(items), false;
+    out->push_back(value);
+  }
+  Py_DECREF(items);
+  return true;
+}
+
+// What the read's two bindings share: the sizes, the sources and the attributes, parsed and checked
+// against each other (the tensors themselves are op_kernel/native.py's to check).
+struct ReadCall {
+  attnres::ReadShape shape{};
+  std::vector<void*> sources, tensors, grad_sources;
+  std::vector<int64_t> strides;
+  int max_threads = 1;
+
+  // "" when the parsed sizes, lists and dtype agree, else what is wrong.
+  std::string problem(size_t tensor_count, bool backward) const {
+    const attnres::ReadShape& s = shape;
+    if (s.tokens < 0 || s.hidden < 1 || s.rows < 1 || s.queries < 1) return "bad sizes";
+    if (s.weight_rows != 0 && s.weight_rows != 1 && s.weight_rows != s.queries) return "W must be 0, 1 or S";
+    if (sources.size() != static_cast<size_t>(s.rows) || strides.size() != sources.size()) {
+      return "one source address and one row stride per source";
+    }
+    for (int64_t stride : strides) {
+      if (stride < s.hidden) return "a source's row stride is below H";
+    }
+    if (tensors.size() != tensor_count) return "wrong number of tensor addresses";
+    if (backward && grad_sources.size() != sources.size()) return "one gradient per source";
+    return "";
+  }
+};
+
+// Parses (dtype_code, (T, H, L, S, W), sources, source_strides, tensors, [grad_sources,] (eps, output_eps,
+// scale), normalize_values, max_threads) into `call`; false with a Python error set.
+bool parse_read_call(PyObject* args, bool backward, size_t tensor_count, ReadCall* call) {
+  int dtype_code, normalize_values;
+  PyObject *sources, *strides, *tensors, *grad_sources = nullptr;
+  attnres::ReadShape& s = call->shape;
+  const bool parsed =
+      backward ? PyArg_ParseTuple(args, "i(LLLLL)OOOO(fff)pi", &dtype_code, &s.tokens, &s.hidden, &s.rows,
+                                  &s.queries, &s.weight_rows, &sources, &strides, &tensors, &grad_sources, &s.eps,
+                                  &s.output_eps, &s.scale, &normalize_values, &call->max_threads)
+               : PyArg_ParseTuple(args, "i(LLLLL)OOO(fff)pi", &dtype_code, &s.tokens, &s.hidden, &s.rows,
+                                  &s.queries, &s.weight_rows, &sources, &strides, &tensors, &s.eps, &s.output_eps,
+                                  &s.scale, &normalize_values, &call->max_threads);
+  if (!parsed || !dtype_from_code(dtype_code, &s.dtype)) return false;
+  s.normalize_values = normalize_values != 0;
+  if (!addresses(sources, "sources must be a sequence of addresses", &call->sources) ||
+      !integers(strides, "source_strides must be a sequence of ints", &call->strides) ||
+      !addresses(tensors, "tensors must be a sequence of addresses", &call->tensors) ||
+      (backward && !addresses(grad_sources, "grad_sources must be a sequence of addresses", &call->grad_sources))) {
+    return false;
+  }
+  const std::string problem = call->problem(tensor_count, backward);
+  if (!problem.empty()) {
+    PyErr_Format(PyExc_ValueError, "BlockAttnResRead native kernel: %s", problem.c_str());
+    return false;
+  }
+  s.sources = call->sources.data();
+  s.source_strides = call->strides.data();
+  return true;
+}
+
+// read_forward(dtype_code, (T, H, L, S, W), sources, source_strides, (query, key_weight, output_weight, out,
+// inv_norm, probs, output_inv_rms), (eps, output_eps, scale), normalize_values, max_threads): addresses,
+// 0 for an absent tensor.
+PyObject* read_forward(PyObject*, PyObject* args) {
+  ReadCall call;
+  if (!parse_read_call(args, false, 7, &call)) return nullptr;
+  attnres::ReadForwardArgs kernel_args{};
+  static_cast<attnres::ReadShape&>(kernel_args) = call.shape;
+  const std::vector<void*>& t = call.tensors;
+  kernel_args.query = static_cast<const float*>(t[0]);
+  kernel_args.key_weight = static_cast<const float*>(t[1]);
+  kernel_args.output_weight = static_cast<const float*>(t[2]);
+  kernel_args.out = t[3];
+  kernel_args.inv_norm = static_cast<float*>(t[4]);
+  kernel_args.probs = static_cast<float*>(t[5]);
+  kernel_args.output_inv_rms = static_cast<float*>(t[6]);
+  if (kernel_args.tokens == 0) Py_RETURN_NONE;  // nothing to write
+  Py_BEGIN_ALLOW_THREADS {
+    const attnres::TorchTeamScope team(attnres::bytes_moved(kernel_args), call.max_threads);
+    attnres::block_attn_res_read_forward(kernel_args, call.max_threads);
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+// read_backward(dtype_code, (T, H, L, S, W), sources, source_strides, (grad_out, query, key_weight,
+// output_weight, inv_norm, probs, output_inv_rms, grad_query, grad_key_weight, grad_output_weight),
+// grad_sources, (eps, output_eps, scale), normalize_values, max_threads): addresses, 0 for an absent tensor.
+PyObject* read_backward(PyObject*, PyObject* args) {
+  ReadCall call;
+  if (!parse_read_call(args, true, 10, &call)) return nullptr;
+  attnres::ReadBackwardArgs kernel_args{};
+  static_cast<attnres::ReadShape&>(kernel_args) = call.shape;
+  const std::vector<void*>& t = call.tensors;
+  kernel_args.grad_out = t[0];
+  kernel_args.query = static_cast<const float*>(t[1]);
+  kernel_args.key_weight = static_cast<const float*>(t[2]);
+  kernel_args.output_weight = static_cast<const float*>(t[3]);
+  kernel_args.inv_norm = static_cast<const float*>(t[4]);
+  kernel_args.probs = static_cast<const float*>(t[5]);
+  kernel_args.output_inv_rms = static_cast<const float*>(t[6]);
+  kernel_args.grad_query = static_cast<float*>(t[7]);
+  kernel_args.grad_key_weight = static_cast<float*>(t[8]);
+  kernel_args.grad_output_weight = static_cast<float*>(t[9]);
+  kernel_args.grad_sources = call.grad_sources.data();
+  Py_BEGIN_ALLOW_THREADS {
+    const attnres::TorchTeamScope team(attnres::bytes_moved(kernel_args), call.max_threads);
+    attnres::block_attn_res_read_backward(kernel_args, call.max_threads);
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
 PyObject* string_tuple(const std::vector<std::string>& names) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
   if (tuple == nullptr) return nullptr;
@@ -192,6 +317,8 @@ PyMethodDef kMethods[] = {
     {"record_layouts", record_layouts, METH_NOARGS, "each op's tiling record layout (checked by op_kernel.native)"},
     {"make_launch", make_launch, METH_VARARGS, "a launch record from a tiling record's bytes (see op_kernel.native)"},
     {"launch", launch, METH_VARARGS, "run a launch record's kernel (call through op_kernel.native)"},
+    {"read_forward", read_forward, METH_VARARGS, "BlockAttnResRead's forward kernel (call through op_kernel.native)"},
+    {"read_backward", read_backward, METH_VARARGS, "BlockAttnResRead's backward kernel (call through op_kernel.native)"},
     {"isa_path", isa_path, METH_NOARGS, "the instruction set the kernels run on"},
     {"known_isa_paths", known_isa_paths, METH_NOARGS, "every instruction set path of this build"},
     {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},

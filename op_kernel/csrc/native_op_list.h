@@ -7,6 +7,10 @@
 //                                         that macro once per op: `entry` the dispatched kernel, declared in
 //                                         the launch header; `kernel` its name in each instruction set's
 //                                         namespace; `Args` its arguments; `native_op()` the op's NativeOp
+//   with ATTNRES_DIRECT_KERNEL(entry, kernel, Args) defined
+//                                         that macro once per kernel the bindings call directly, with its
+//                                         arguments rather than a launch record (an op without a tiling
+//                                         record: block_attn_res_read_args.h); `entry`, `kernel`, `Args` as above
 //   with ATTNRES_KERNELS_OF_ISA defined, inside an instruction set's namespace (isa_*.cpp)
 //                                         each op's kernel header, compiled for that instruction set
 //
@@ -16,3 +20,4 @@
 #include "block_attention_residuals_grad_launch.h"
 #include "block_attn_res_prepare_launch.h"
 #include "block_attn_res_update_launch.h"
+#include "block_attn_res_read_args.h"
