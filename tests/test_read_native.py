@@ -5,8 +5,11 @@ kernel's hand-derived backward is checked independently). Plus: the same bits on
 path and for one and two threads, T = 0, L = 130, long rows, NaN propagation.
 
 The backward is given the statistics the native forward saved (float32 inv_norm, probs, output_inv_rms),
-as the op is; the reference takes their values too (see reference()), so both evaluate the formulas at
-the same statistics.
+as the op is; the reference takes their values too (see reference()). The input gradients' terms cancel,
+by far where a row's RMS is near eps (r in the hundreds) or an output norm makes the output gradient
+orthogonal to y, so, as for the other ops' gradients through float32 statistics (docs/contract.md), they
+are held to the table's tolerance plus STATISTICS_ALLOWANCE times the size of their terms before they
+cancel (term_scale).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 import torch
 from conftest import DTYPE_IDS
 
-from attnres_ge.op_kernel.reference import max_violation
+from attnres_ge.op_kernel.reference import STATISTICS_ALLOWANCE, max_violation
 
 native = pytest.importorskip("attnres_ge.op_kernel.native", reason="the native kernels are not built")
 if not hasattr(native, "read_forward") or not hasattr(native._native, "read_forward"):
@@ -78,10 +81,10 @@ def given(exact: torch.Tensor, value: torch.Tensor | None) -> torch.Tensor:
     return exact if value is None else exact + (value.double() - exact).detach()
 
 
-def reference(case, normalize_values, grad_out, stats=(None, None, None)):
-    """(out, inv_norm [T, L], probs [S, T, L], output_inv_rms [S, T] and the gradients), float64, by the
-    read's formulas; stats: the float32 (inv_norm, probs, output_inv_rms) the backward was given, whose
-    values the evaluation then uses (with the exact functions' derivatives)."""
+def reference(case, normalize_values, grad_out=None, stats=(None, None, None)):
+    """(out, inv_norm [T, L], probs [S, T, L], output_inv_rms [S, T] and, given grad_out, the gradients),
+    float64, by the read's formulas; stats: the float32 (inv_norm, probs, output_inv_rms) the backward was
+    given, whose values the evaluation then uses (with the exact functions' derivatives)."""
     leaves = {
         "sources": [source.double().requires_grad_() for source in case["sources"]],
         "query": case["query"].double().requires_grad_(),
@@ -100,24 +103,51 @@ def reference(case, normalize_values, grad_out, stats=(None, None, None)):
     if leaves["gain"] is not None:
         rho = given(torch.rsqrt(y.pow(2).mean(-1) + f32(OUTPUT_EPS)), stats[2])  # [S, T]
         y = leaves["gain"].reshape(-1, 1, hidden) * y * rho.unsqueeze(-1)
-    y.backward(grad_out.double())
+    if grad_out is not None:
+        y.backward(grad_out.double())
     grad = lambda leaf: None if leaf is None else leaf.grad  # noqa: E731
     return dict(out=y.detach(), inv_norm=r.detach(), probs=p.detach(), output_inv_rms=None if rho is None else
                 rho.detach(), grad_sources=[leaf.grad for leaf in leaves["sources"]], grad_query=grad(leaves["query"]),
                 grad_key_norm_weight=grad(leaves["key"]), grad_output_norm_weight=grad(leaves["gain"]))
 
 
-def assert_within(name, actual, expected, dtype, whole_tensor=False):
-    error, past = max_violation(actual, expected, dtype, whole_tensor=whole_tensor)
+def term_scale(case, normalize_values, grad_out, inv_norm, probs, output_inv_rms):
+    """[L, T, H] float64: each input gradient's terms in the backward's formulas, in absolute value and
+    added up (every dot and sum of them over its terms' absolute values): what float32 rounding of the
+    statistics and of the kernel's own arithmetic scales with."""
+    x = torch.stack([source.double() for source in case["sources"]]).abs()  # [L, T, H]
+    hidden = x.shape[-1]
+    r, p = inv_norm.double().transpose(0, 1), probs.double()  # [L, T], [S, T, L]
+    key = case["key_norm_weight"]
+    qw = case["query"].double().abs() * (1.0 if key is None else key.double().abs())  # [S, H]
+    gy = grad_out.double().abs()  # [S, T, H]
+    v = x * r.unsqueeze(-1) if normalize_values else x
+    if case["output_norm_weight"] is not None:
+        rho = output_inv_rms.double().unsqueeze(-1)
+        y = torch.einsum("stl,lth->sth", p, v)
+        gg = case["output_norm_weight"].double().abs().reshape(-1, 1, hidden) * gy
+        gy = rho * gg + y * rho**3 / hidden * (gg * y).sum(-1, keepdim=True)
+    a = torch.einsum("sth,lth->stl", gy, v)
+    dz = abs(f32(case["scale"])) * p * (a + (p * a).sum(-1, keepdim=True))
+    d = torch.einsum("sh,lth->stl", qw, x)
+    c = torch.einsum("stl,sth,lth->lt", p, gy, x) if normalize_values else 0.0
+    beta = p * r.transpose(0, 1).unsqueeze(0) if normalize_values else p
+    return (torch.einsum("stl,sh->lth", dz * r.transpose(0, 1).unsqueeze(0), qw)
+            + torch.einsum("stl,sth->lth", beta, gy)
+            + x * (r**3 / hidden * ((dz * d).sum(0).transpose(0, 1) + c)).unsqueeze(-1))
+
+
+def assert_within(name, actual, expected, dtype, whole_tensor=False, allowance=None):
+    error, past = max_violation(actual, expected, dtype, whole_tensor=whole_tensor, allowance=allowance)
     assert past <= 0, f"{name}: max error {error:.3g}, past the {dtype} tolerance by {past:.3g}"
 
 
 def check_against_reference(case, normalize_values, seed=1):
     dtype = case["sources"][0].dtype
     out, inv_norm, probs, output_inv_rms = run_forward(case, normalize_values)
+    expected_forward = reference(case, normalize_values)
     generator = torch.Generator().manual_seed(seed)
     grad_out = torch.randn(out.shape, generator=generator).to(dtype)
-    expected_forward = reference(case, normalize_values, grad_out)
     assert_within("out", out, expected_forward["out"], dtype)
     assert_within("inv_norm", inv_norm, expected_forward["inv_norm"], torch.float32)
     assert_within("probs", probs, expected_forward["probs"], torch.float32)
@@ -125,8 +155,9 @@ def check_against_reference(case, normalize_values, seed=1):
         assert_within("output_inv_rms", output_inv_rms, expected_forward["output_inv_rms"], torch.float32)
     grads = run_backward(case, normalize_values, grad_out, inv_norm, probs, output_inv_rms)
     expected = reference(case, normalize_values, grad_out, (inv_norm, probs, output_inv_rms))
+    scales = term_scale(case, normalize_values, grad_out, inv_norm, probs, output_inv_rms)
     for i, (actual, want) in enumerate(zip(grads["grad_sources"], expected["grad_sources"], strict=True)):
-        assert_within(f"grad_sources[{i}]", actual, want, dtype)
+        assert_within(f"grad_sources[{i}]", actual, want, dtype, allowance=STATISTICS_ALLOWANCE * scales[i])
     for name in ("grad_query", "grad_key_norm_weight", "grad_output_norm_weight"):
         if expected[name] is not None:
             assert_within(name, grads[name], expected[name], torch.float32, whole_tensor=True)
@@ -146,12 +177,17 @@ def test_matches_the_float64_formulas(dtype, normalize_values, key_weight, weigh
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("tokens", "rows", "queries", "hidden"),
-                         [(1, 1, 3, 100), (200, 2, 1, 37), (5, 130, 3, 37), (3, 9, 3, 2048), (2, 3, 1, 65536)],
-                         ids=["L1", "T200", "L130", "H2048", "H65536"])
+                         [(1, 1, 3, 100), (200, 2, 1, 37), (5, 130, 3, 37), (3, 9, 3, 2048)],
+                         ids=["L1", "T200", "L130", "H2048"])
 def test_shapes_match_the_float64_formulas(dtype, tokens, rows, queries, hidden):
     case = make_case(tokens, rows, queries, hidden, dtype, weight_rows=queries, scale=hidden**-0.5)
     check_against_reference(case, True)
     check_against_reference(case, False)
+
+
+def test_long_rows_match_the_float64_formulas():
+    """H = 65536: a token's rows (2.3 MiB) no longer fit in L2; one dtype (the reference is the slow part)."""
+    check_against_reference(make_case(2, 9, 2, 65536, torch.float32, weight_rows=1, scale=65536**-0.5), True)
 
 
 def all_outputs(case, normalize_values):
