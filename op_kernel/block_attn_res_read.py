@@ -96,13 +96,13 @@ def _grad_before_output_norm(grad_out, mixed, gain, output_eps, grad_gain):
 
 def read_forward(*arguments) -> None:
     """The forward in the implementation in use (op_kernel.KERNELS)."""
-    kernel = getattr(native_module(), "read_forward", python_read_forward) if active_implementation() == "native" else python_read_forward
+    kernel = native_module().read_forward if active_implementation() == "native" else python_read_forward
     kernel(*arguments)
 
 
 def read_backward(*arguments) -> None:
     """The backward in the implementation in use (op_kernel.KERNELS)."""
-    kernel = getattr(native_module(), "read_backward", python_read_backward) if active_implementation() == "native" else python_read_backward
+    kernel = native_module().read_backward if active_implementation() == "native" else python_read_backward
     kernel(*arguments)
 
 

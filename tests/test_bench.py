@@ -393,7 +393,7 @@ def test_read_family_times_its_providers_and_judges_its_goals_from_the_measureme
         tokens, blocks, hidden, queries = TINY_READS[name]
         size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
         assert m["traffic_bytes"] == (blocks + 1 + queries) * tokens * hidden * size
-        assert m["path"] == paths.read_path() and m["trusted"] and m["median_ms"] > 0
+        assert m["path"] == paths.kernel_path() and m["trusted"] and m["median_ms"] > 0
     rows = {(r["shape"], r["dtype"], r["provider"], r["against"]): r for r in written["read_goals"]}
     for (name, dtype, provider, against), row in rows.items():
         ours = timed[name, dtype, provider]

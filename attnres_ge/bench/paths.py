@@ -33,16 +33,6 @@ def two_phase_path() -> str:
     return op_path(PREPARE_KERNEL, UPDATE_KERNEL)
 
 
-def read_path() -> str:
-    """What runs the general read's kernels: "python" until the native module has them (op_kernel's
-    block_attn_res_read picks them up by name), else kernel_path()."""
-    from attnres_ge.op_kernel import active_implementation, native_module
-
-    if active_implementation() != "native" or not hasattr(native_module(), "read_forward"):
-        return "python"
-    return kernel_path()
-
-
 def paths_to_time(names: list[str] | None) -> list[str]:
     """--paths as a list of the native kernels' paths (ALL_PATHS: every one this CPU runs); [] for the path
     the kernels run on now. ValueError naming what this CPU runs when a path cannot be timed."""

@@ -19,7 +19,15 @@ from attnres_ge.bench.cases.stream import STREAM_PROVIDERS, StreamCase
 from attnres_ge.bench.cases.two_phase import TWO_PHASE_PROVIDERS, TwoPhaseCase
 from attnres_ge.bench.harness import Measurement, measure_case
 from attnres_ge.bench.overheads import OVERHEAD_ROUNDS, call_overheads, overhead_lines
-from attnres_ge.bench.paths import ALL_PATHS, kernel_threads, on_path, op_path, paths_to_time, read_path, two_phase_path
+from attnres_ge.bench.paths import (
+    ALL_PATHS,
+    kernel_path,
+    kernel_threads,
+    on_path,
+    op_path,
+    paths_to_time,
+    two_phase_path,
+)
 from attnres_ge.bench.plot import plot
 from attnres_ge.bench.report import (
     block_rows,
@@ -217,7 +225,7 @@ def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace
     blocks = time_suite("block", args)
     streams = time_suite("stream", args)
     ops = time_ops(args, later_path)
-    reads = [] if later_path and read_path() == "python" else time_reads(args)
+    reads = [] if later_path and kernel_path() == "python" else time_reads(args)
     return (results + blocks + streams + ops + reads, overheads,
             block_rows(blocks, BLOCK_PROVIDERS) + block_rows(streams, STREAM_PROVIDERS))
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from attnres_ge.bench.cases.common import NORM_EPS
-from attnres_ge.bench.paths import read_path
+from attnres_ge.bench.paths import kernel_path
 
 INKLING2_PROVIDERS = ("op", "hf-eager", "hf-inductor")
 FLA_PROVIDERS = ("fused", "unfused")
@@ -82,7 +82,7 @@ class ReadCase:
         return read_traffic(*self.shape, self.dtype.itemsize)
 
     def path(self, provider: str) -> str:
-        return read_path()
+        return kernel_path()
 
     def provider(self, name: str) -> dict[str, Callable[[], object]]:
         return {"forward": getattr(self, "_" + name.replace("-", "_"))()}
