@@ -5,7 +5,7 @@
                         eps, output_eps, scale, normalize_values, save_statistics)
         -> (hidden_states [S, T, H], inv_norm [T, L], probs [S, T, L], output_inv_rms [S, T])
 
-The schemas come from the prototypes (ops.torch_schema). Unlike the registry's fixed-arity ops (ops.OPS), whose
+The schemas come from the prototypes (their entries in ops.TENSOR_OPS). Unlike the registry's fixed-arity ops (ops.OPS), whose
 eager calls run through the launcher's per-signature plans and the C++ entry, the read takes a list of tensors
 read where they lie, so its eager implementation here validates (the prototype) and calls its kernels with the
 tensors (op_kernel/block_attn_res_read.py). The derivative needs the statistics: a forward called without
@@ -17,15 +17,11 @@ from __future__ import annotations
 import torch
 
 from attnres_ge.ge_plugin.op_common import LIBRARY
-from attnres_ge.ge_plugin.ops import NAMESPACE, torch_schema
-from attnres_ge.op_kernel.block_attn_res_read import gathered_sources, read_backward, read_forward
-from attnres_ge.op_proto.block_attn_res_read import PROTOTYPE as READ
-from attnres_ge.op_proto.block_attn_res_read_grad import PROTOTYPE as READ_GRAD
-from attnres_ge.op_proto.op_def import WHERE_EAGER, WHERE_FAKE, Checker, float32
+from attnres_ge.ge_plugin.ops import NAMESPACE, TENSOR_OPS
+from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
+from attnres_ge.op_proto.op_def import WHERE_EAGER, WHERE_FAKE, Checker
 
-READ_NAME = "block_attn_res_read"
-READ_GRAD_NAME = "block_attn_res_read_backward"
-EMPTY = (0,)
+READ, READ_GRAD = READ_KERNEL.prototype, READ_GRAD_KERNEL.prototype
 
 
 def _checked(proto, tensors: tuple, keywords: dict, where: str):
@@ -33,31 +29,11 @@ def _checked(proto, tensors: tuple, keywords: dict, where: str):
     return proto.check(proto.input_metas(tensors, where), keywords, where)
 
 
-def _float32_parameter(tensor: torch.Tensor | None, rows: int | None = None) -> torch.Tensor | None:
-    """A query or weight as the kernels take it: float32, contiguous, 2-D with `rows` given."""
-    if tensor is None:
-        return None
-    tensor = tensor.to(torch.float32).contiguous()
-    return tensor.reshape(1, -1) if rows is not None and tensor.dim() == 1 else tensor
-
-
-def _kernel_scalars(attrs: dict) -> tuple:
-    return float32(attrs["eps"]), float32(attrs["output_eps"]), float32(attrs["scale"]), attrs["normalize_values"]
-
-
-def _new(meta) -> torch.Tensor:
-    return torch.empty(meta.shape, dtype=meta.dtype)
-
-
 def read_eager(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
-    attrs, outputs = _checked(READ, (sources, query, key_norm_weight, output_norm_weight), keywords, WHERE_EAGER)
+    tensors = (sources, query, key_norm_weight, output_norm_weight)
+    attrs, outputs = _checked(READ, tensors, keywords, WHERE_EAGER)
     _on_cpu(READ.op_type, sources[0])
-    hidden, inv_norm, probs, inv_rms = (_new(meta) for meta in outputs)
-    read_forward(gathered_sources(sources), _float32_parameter(query), _float32_parameter(key_norm_weight),
-                 _float32_parameter(output_norm_weight, rows=1),
-                 hidden, *(t if t.shape != EMPTY else None for t in (inv_norm, probs, inv_rms)),
-                 *_kernel_scalars(attrs))
-    return hidden, inv_norm, probs, inv_rms
+    return tuple(READ_KERNEL.run(tensors, attrs, outputs))
 
 
 def read_fake(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
@@ -69,17 +45,9 @@ def read_backward_eager(grad_hidden_states, sources, query, inv_norm, probs, out
                         output_norm_weight=None, **keywords):
     tensors = (grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight,
                output_norm_weight)
-    attrs, (grad_source_meta, *weight_metas) = _checked(READ_GRAD, tensors, keywords, WHERE_EAGER)
+    attrs, outputs = _checked(READ_GRAD, tensors, keywords, WHERE_EAGER)
     _on_cpu(READ_GRAD.op_type, sources[0])
-    grad_sources = [_new(grad_source_meta) for _ in sources]
-    grad_query, grad_key, grad_gain = (_new(meta) for meta in weight_metas)
-    gain = _float32_parameter(output_norm_weight, rows=1)
-    read_backward(grad_hidden_states.contiguous(), gathered_sources(sources), _float32_parameter(query),
-                  _float32_parameter(key_norm_weight), gain, inv_norm.contiguous(), probs.contiguous(),
-                  output_inv_rms.contiguous() if output_norm_weight is not None else None,
-                  grad_sources, grad_query, grad_key if key_norm_weight is not None else None,
-                  grad_gain.view(gain.shape) if gain is not None else None, *_kernel_scalars(attrs))
-    return grad_sources, grad_query, grad_key, grad_gain
+    return tuple(READ_GRAD_KERNEL.run(tensors, attrs, outputs))
 
 
 def read_backward_fake(grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight=None,
@@ -124,11 +92,10 @@ def _backward(ctx, grad_hidden_states, *unused_statistics_grads):
 
 
 def define_read_ops() -> None:
-    LIBRARY.define(READ_NAME + torch_schema(READ, keyword_only_attrs=True, named_outputs=True))
-    LIBRARY.define(READ_GRAD_NAME + torch_schema(READ_GRAD, keyword_only_attrs=True, named_outputs=True))
-    for name, eager, fake in ((READ_NAME, read_eager, read_fake),
-                              (READ_GRAD_NAME, read_backward_eager, read_backward_fake)):
-        LIBRARY.impl(name, eager, "CPU")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
-    torch.library.register_autograd(f"{NAMESPACE}::{READ_NAME}", _backward, setup_context=_setup_context,
+    read, read_grad = TENSOR_OPS
+    for op, eager, fake in ((read, read_eager, read_fake), (read_grad, read_backward_eager, read_backward_fake)):
+        LIBRARY.define(op.name + op.schema())
+        LIBRARY.impl(op.name, eager, "CPU")
+        torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
+    torch.library.register_autograd(f"{NAMESPACE}::{read.name}", _backward, setup_context=_setup_context,
                                     lib=LIBRARY)

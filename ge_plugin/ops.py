@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from attnres_ge.op_kernel import OpKernel
+from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
 from attnres_ge.op_kernel.block_attn_res_prepare import KERNEL as PREPARE_KERNEL
 from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
+from attnres_ge.op_kernel.kernel_spec import TensorKernel
 from attnres_ge.op_proto import OpPrototype
 
 NAMESPACE = "attnres"  # the torch ops are torch.ops.attnres.<name>
@@ -47,7 +49,7 @@ class TorchOp:
                        own for (None: not timed generically; attnres_ge/bench/cases/op.py)
     """
 
-    kernel: OpKernel
+    kernel: OpKernel | TensorKernel
     name: str
     keyword_only_attrs: bool = False
     named_outputs: bool = False
@@ -127,12 +129,23 @@ OPS: tuple[TorchOp, ...] = (
 )
 
 
+# Ops whose kernels take their tensors where they lie (a TensorKernel: the general read, whose Tensor[] input is
+# read in place), so nothing of the registry's per-signature machinery (op_common, the launcher's plans, the C++
+# entry, the benchmark) applies to them. ge_plugin/block_attn_res_read.py defines their torch ops; the local GE
+# and the converters take them from here with the registry's ops.
+TENSOR_OPS: tuple[TorchOp, ...] = (
+    TorchOp(READ_KERNEL, "block_attn_res_read", keyword_only_attrs=True, named_outputs=True),
+    TorchOp(READ_GRAD_KERNEL, "block_attn_res_read_backward", keyword_only_attrs=True, named_outputs=True),
+)
+
+
 def op_for_type(op_type: str) -> TorchOp:
-    """The entry of GE op type `op_type`; KeyError names the known types."""
-    for op in OPS:
+    """The entry of GE op type `op_type` (a registry op or a tensor op); KeyError names the known types."""
+    for op in (*OPS, *TENSOR_OPS):
         if op.op_type == op_type:
             return op
-    raise KeyError(f"no op registered for op type {op_type!r}; known: {sorted(op.op_type for op in OPS)}")
+    known = sorted(op.op_type for op in (*OPS, *TENSOR_OPS))
+    raise KeyError(f"no op registered for op type {op_type!r}; known: {known}")
 
 
 def op_named(name: str) -> TorchOp:

@@ -23,6 +23,12 @@ from collections.abc import Sequence
 import torch
 
 from attnres_ge.op_kernel import active_implementation, native_module
+from attnres_ge.op_kernel.kernel_spec import TensorKernel
+from attnres_ge.op_proto.block_attn_res_read import PROTOTYPE as READ
+from attnres_ge.op_proto.block_attn_res_read_grad import PROTOTYPE as READ_GRAD
+from attnres_ge.op_proto.op_def import float32
+
+EMPTY = (0,)  # the shape of a statistic or weight gradient that is not produced
 
 
 def _read_math(sources, query, key_norm_weight, output_norm_weight, eps, output_eps, scale, normalize_values):
@@ -109,3 +115,55 @@ def read_backward(*arguments) -> None:
 def gathered_sources(sources: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The sources as the kernels take them: each with unit column stride (a copy only where it has none)."""
     return [source if source.stride(-1) == 1 or source.shape[-1] <= 1 else source.contiguous() for source in sources]
+
+
+def _float32_parameter(tensor: torch.Tensor | None, rows: int | None = None) -> torch.Tensor | None:
+    """A query or weight as the kernels take it: float32, contiguous, 2-D with `rows` given."""
+    if tensor is None:
+        return None
+    tensor = tensor.to(torch.float32).contiguous()
+    return tensor.reshape(1, -1) if rows is not None and tensor.dim() == 1 else tensor
+
+
+def _kernel_scalars(attrs: dict) -> tuple:
+    return float32(attrs["eps"]), float32(attrs["output_eps"]), float32(attrs["scale"]), attrs["normalize_values"]
+
+
+def _new(meta) -> torch.Tensor:
+    return torch.empty(meta.shape, dtype=meta.dtype)
+
+
+def _kept(tensor: torch.Tensor) -> torch.Tensor | None:
+    """A statistic the kernel writes, or None where it is not kept (an empty output)."""
+    return tensor if tuple(tensor.shape) != EMPTY else None
+
+
+def run_read(inputs: Sequence, attrs: dict, outputs: Sequence) -> list:
+    """BlockAttnResRead on validated inputs (sources, query, key_norm_weight, output_norm_weight) with bound
+    attributes and InferShape's output metas: [hidden_states, inv_norm, probs, output_inv_rms]."""
+    sources, query, key_norm_weight, output_norm_weight = inputs
+    hidden, inv_norm, probs, inv_rms = (_new(meta) for meta in outputs)
+    read_forward(gathered_sources(sources), _float32_parameter(query), _float32_parameter(key_norm_weight),
+                 _float32_parameter(output_norm_weight, rows=1),
+                 hidden, _kept(inv_norm), _kept(probs), _kept(inv_rms), *_kernel_scalars(attrs))
+    return [hidden, inv_norm, probs, inv_rms]
+
+
+def run_read_backward(inputs: Sequence, attrs: dict, outputs: Sequence) -> list:
+    """BlockAttnResReadGrad likewise: [grad_sources (one per source), grad_query, grad_key_norm_weight,
+    grad_output_norm_weight]."""
+    grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight, output_norm_weight = inputs
+    grad_source_meta, *weight_metas = outputs
+    grad_sources = [_new(grad_source_meta) for _ in sources]
+    grad_query, grad_key, grad_gain = (_new(meta) for meta in weight_metas)
+    gain = _float32_parameter(output_norm_weight, rows=1)
+    read_backward(grad_hidden_states.contiguous(), gathered_sources(sources), _float32_parameter(query),
+                  _float32_parameter(key_norm_weight), gain, inv_norm.contiguous(), probs.contiguous(),
+                  output_inv_rms.contiguous() if output_norm_weight is not None else None,
+                  grad_sources, grad_query, grad_key if key_norm_weight is not None else None,
+                  grad_gain.view(gain.shape) if gain is not None else None, *_kernel_scalars(attrs))
+    return [grad_sources, grad_query, grad_key, grad_gain]
+
+
+READ_KERNEL = TensorKernel(READ, run_read)
+READ_GRAD_KERNEL = TensorKernel(READ_GRAD, run_read_backward)

@@ -34,3 +34,19 @@ class OpKernel:
     def dtype_index(self) -> int:
         """The position of `dtype_input` among the inputs."""
         return 0 if self.dtype_input is None else self.prototype.input_names().index(self.dtype_input)
+
+
+@dataclass(frozen=True)
+class TensorKernel:
+    """An op whose kernels take its tensors where they lie rather than a tiling record (the general read, whose
+    list input has one row stride per tensor), so the launcher plans nothing for it. Eager and the local GE
+    both call `run(inputs, attrs, outputs)`: the inputs in prototype order (a list for a dynamic input, None
+    for an absent optional one), the attributes bound by the prototype, the output metas its InferShape gave;
+    it returns the outputs in prototype order (a list for a dynamic output)."""
+
+    prototype: OpPrototype
+    run: Callable[..., list]
+
+    @property
+    def op_type(self) -> str:
+        return self.prototype.op_type
