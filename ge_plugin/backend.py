@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 
 from attnres_ge.ge_plugin.converters import local_converters
@@ -39,17 +40,21 @@ from attnres_ge.op_kernel.launcher import HostRuntime
 DYNAMO_BACKEND_NAME = "attnres_ge"
 
 
-def ge_graph_call(compiled: CompiledGraph, single_output: bool, name: str):
+def ge_graph_call(compiled: CompiledGraph, structure: pytree.TreeSpec, name: str):
     """A function running one compiled GE graph in place of an FX node, named `name` in the GraphModule's
-    code; it returns the NetOutput tensors as the op did: a tuple, or the tensor itself for an op that
-    returns one. A function, not a submodule: nn.Module's call costs 60 us a call once a large kernel has
-    swept the caches (docs/notes/performance-runs.md)."""
-    if single_output:
+    code; it returns the NetOutput tensors as the op did (`structure`, the traced result's): the tensor
+    itself for an op that returns one, a tuple, or a tuple holding a list (a dynamic output). A function,
+    not a submodule: nn.Module's call costs 60 us a call once a large kernel has swept the caches
+    (docs/notes/performance-runs.md); so is the pytree rebuild, kept to the ops that need it."""
+    if structure.is_leaf():
         def call(*tensors: torch.Tensor) -> torch.Tensor:
             return compiled(*tensors)[0]
-    else:
+    elif all(child.is_leaf() for child in structure.children()):
         def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return tuple(compiled(*tensors))
+    else:
+        def call(*tensors: torch.Tensor) -> tuple:
+            return pytree.tree_unflatten(compiled(*tensors), structure)
     call.__name__ = call.__qualname__ = name
     return call
 
@@ -98,8 +103,8 @@ class GeBackend:
         graph_def, tensor_args = build_node_graph(node, converter)
         compiled = compile_graph(graph_def, self.runtime, self.dump_path)
         self.graphs.append(graph_def)
-        single_output = len(node.target._schema.returns) == 1  # the op returns a Tensor, not a tuple
-        run = ge_graph_call(compiled, single_output, f"ge_{node.name}")
+        structure = pytree.tree_structure(node.meta["val"])
+        run = ge_graph_call(compiled, structure, f"ge_{node.name}")
         with gm.graph.inserting_before(node):
             call = gm.graph.call_function(run, tuple(tensor_args))
         call.meta = dict(node.meta)

@@ -5,11 +5,11 @@
                         eps, output_eps, scale, normalize_values, save_statistics)
         -> (hidden_states [S, T, H], inv_norm [T, L], probs [S, T, L], output_inv_rms [S, T])
 
-The schemas come from the prototypes (their entries in ops.TENSOR_OPS). Unlike the registry's fixed-arity ops (ops.OPS), whose
-eager calls run through the launcher's per-signature plans and the C++ entry, the read takes a list of tensors
-read where they lie, so its eager implementation here validates (the prototype) and calls its kernels with the
-tensors (op_kernel/block_attn_res_read.py). The derivative needs the statistics: a forward called without
-save_statistics whose result needs a gradient raises.
+The schemas come from the prototypes (the ops' entries in ops.TENSOR_OPS). Unlike the registry's fixed-arity ops
+(ops.OPS), whose eager calls run through the launcher's per-signature plans and the C++ entry, the read takes a
+list of tensors read where they lie, so its eager implementation here validates (the prototype) and calls its
+TensorKernel (op_kernel/block_attn_res_read.py), as the local GE does. The derivative needs the statistics: a
+forward called without save_statistics whose result needs a gradient raises.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Ascend machine. It takes the torch op's arguments (the prototype's inputs, then 
 and returns the graph tensors the torch op returns (all outputs but the reference ones).
 
 Local (always): `local_converters()` maps each torch op overload to its converter bound to this
-package's `ge` module: every op of the registry (ge_plugin/ops.py), plus CANN's
-`cann_ops_transformer` op of the same name when that library is loaded (looked up at each
-call, so loading it later still counts).
+package's `ge` module: every op of the registry (ge_plugin/ops.py) and the tensor ops (the read,
+ops.TENSOR_OPS), plus CANN's `cann_ops_transformer` op of the same name when that library is
+loaded (looked up at each call, so loading it later still counts).
 
 torchair (when `import torchair` succeeds): `register_torchair_converters()` registers the same
 converters, bound to `torchair.ge`, with `torchair.register_fx_node_ge_converter(op)`. It runs
@@ -59,7 +59,7 @@ def make_converter(op: TorchOp, ge: ModuleType, attr_names: Sequence[str] | None
         attrs = {attr.name: getattr(ge.attr, attr.kind)(ATTR_KINDS[attr.kind](values[spelled]))
                  for attr, spelled in zip(proto.attrs, attr_names, strict=True)}
         outputs = ge.custom_op(proto.op_type, inputs={arg.name: values[arg.name] for arg in proto.inputs},
-                               outputs=output_names, attrs=attrs)
+                               outputs=_output_spec(proto, values), attrs=attrs)
         outputs = (outputs,) if len(output_names) == 1 else tuple(outputs)
         picked = tuple(outputs[index] for index in returned)
         return picked[0] if len(picked) == 1 else picked
@@ -68,6 +68,22 @@ def make_converter(op: TorchOp, ge: ModuleType, attr_names: Sequence[str] | None
     convert.__name__ = convert.__qualname__ = f"convert_{op.name}"
     convert.__doc__ = f"Graph tensors -> GE node {proto.op_type}: {proto.summary}"
     return convert
+
+
+def _output_spec(proto, values) -> list:
+    """The outputs as custom_op takes them. A dynamic output has one tensor per tensor of the prototype's one
+    dynamic input (BlockAttnResReadGrad: a gradient per source), so it is named with that count, (name, n)."""
+    dynamic_inputs = [arg.name for arg in proto.inputs if arg.presence == "dynamic"]
+    spec = []
+    for arg in proto.outputs:
+        if arg.presence != "dynamic":
+            spec.append(arg.name)
+            continue
+        if len(dynamic_inputs) != 1:
+            raise ValueError(f"{proto.op_type}: dynamic output {arg.name!r} needs exactly one dynamic input to "
+                             f"take its count from, the prototype has {dynamic_inputs}")
+        spec.append((arg.name, len(values[dynamic_inputs[0]])))
+    return spec
 
 
 def _converter_signature(op: TorchOp, attr_names: tuple[str, ...]) -> inspect.Signature:
@@ -95,8 +111,11 @@ def _maker(op: TorchOp, attr_names: Sequence[str] | None) -> Callable[[ModuleTyp
 
 
 def local_converters() -> dict[object, Callable]:
-    """torch op overload -> converter emitting into the local `ge` graph builder."""
-    return {op: make(local_ge) for op, make in _converter_makers()}
+    """torch op overload -> converter emitting into the local `ge` graph builder. The tensor ops (the read)
+    become nodes of their own types, which only the local GE runs: CANN's GE has no such op, so torchair
+    gets other converters for them."""
+    tensor_ops = [(_overload(NAMESPACE, op.name), _maker(op, None)) for op in ops.TENSOR_OPS]
+    return {op: make(local_ge) for op, make in _converter_makers() + tensor_ops if op is not None}
 
 
 _registered_with: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # torchair module -> ops registered there

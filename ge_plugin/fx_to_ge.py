@@ -2,6 +2,8 @@
 
     Data(0..k-1) for the node's distinct tensor arguments -> converter -> NetOutput
 
+A list argument (a dynamic input) gives a Data per distinct tensor of it; a list result (a
+dynamic output) one NetOutput input per tensor, in the order of the traced outputs flattened.
 Each Data takes its dtype and shape from the FakeTensor torch traced for that argument;
 symbolic dims (torch.compile's dynamic shapes) become -1. The converter receives the node's
 arguments with tensors replaced by graph tensors and numbers computed in the graph (an
@@ -17,6 +19,7 @@ import operator
 from collections.abc import Callable
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import guard_scalar
@@ -57,9 +60,9 @@ def build_node_graph(node: fx.Node, converter: Callable) -> tuple[GraphDef, list
     with ge.Graph(name=node.name) as graph:
         args = fx.node.map_aggregate(node.args, to_graph)
         kwargs = fx.node.map_aggregate(node.kwargs, to_graph)
-        outputs = converter(*args, **kwargs, meta_outputs=meta_outputs)
-        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        traced = list(meta_outputs) if isinstance(meta_outputs, (tuple, list)) else [meta_outputs]
+        # Flattened alike: an op returning a list (a dynamic output) gives one NetOutput input per tensor.
+        outputs = pytree.tree_leaves(converter(*args, **kwargs, meta_outputs=meta_outputs))
+        traced = pytree.tree_leaves(meta_outputs)
         for tensor, meta in zip(outputs, traced, strict=True):
             ge.set_traced_meta(tensor, meta.dtype, meta.shape)
         ge.NetOutput(outputs)

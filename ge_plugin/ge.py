@@ -14,6 +14,9 @@ as the prototype names them (required ones present), attributes known and of the
 type. It writes the OpDef as GE writes it: one input_desc per prototype input in order,
 one output_desc per prototype output, attributes under their prototype names. Output descs
 stay DT_UNDEFINED until the local GE's InferShape (or `set_traced_meta`) fills them.
+A dynamic input (a list of tensors) or output is written as GE and torchair write it: one entry
+per tensor, its descs numbered after the prototype's name (`sources0`, `sources1`, ...); the
+caller names a dynamic output with its count, `("grad_sources", 3)`, and gets a list for it.
 """
 
 from __future__ import annotations
@@ -197,14 +200,20 @@ def _check_belongs(graph: Graph, tensor, what: str) -> None:
         raise GraphBuildError(f"{what} comes from graph {tensor.graph.name!r}, not the open graph {graph.name!r}")
 
 
+def dynamic_desc_name(name: str, position: int) -> str:
+    """GE's name for tensor `position` of a dynamic input or output `name` (torchair's spelling too)."""
+    return f"{name}{position}"
+
+
 def custom_op(
     op_type: str,
-    inputs: Mapping[str, GraphTensor | None],
-    outputs: Sequence[str],
+    inputs: Mapping[str, GraphTensor | Sequence[GraphTensor] | None],
+    outputs: Sequence[str | tuple[str, int]],
     attrs: Mapping[str, attr.AttrValue] | None = None,
     node_name: str | None = None,
-) -> GraphTensor | tuple[GraphTensor, ...]:
-    """Add a node of a registered op type; one graph tensor per output (a single one unwrapped).
+) -> GraphTensor | list[GraphTensor] | tuple:
+    """Add a node of a registered op type; one graph tensor per output, a list of them per dynamic output
+    (a single output unwrapped).
 
     Raises AttnResInputError naming the op and the field for an unknown type, an unknown or
     missing required input, an output list that is not the prototype's, an unknown attribute
@@ -214,7 +223,7 @@ def custom_op(
     proto = _lookup_prototype(op_type, checker)
     graph = current_graph()
     _check_input_names(proto, inputs, checker)
-    _check_output_names(proto, outputs, checker)
+    counts = _check_output_names(proto, outputs, checker)
     attrs = dict(attrs or {})
     _check_attrs(proto, attrs, checker)
 
@@ -223,10 +232,14 @@ def custom_op(
         _write_input(graph, op, arg, inputs.get(arg.name), checker)
     for name, value in attrs.items():
         value.write(op.attr[name])
-    for arg in proto.outputs:
-        write_desc(op.output_desc.add(), arg.name, None, None)
-    results = tuple(GraphTensor(graph, op.name, index) for index in range(len(proto.outputs)))
-    return results[0] if len(results) == 1 else results
+    results = []
+    for arg, count in zip(proto.outputs, counts, strict=True):
+        names = [arg.name] if count is None else [dynamic_desc_name(arg.name, i) for i in range(count)]
+        tensors = [GraphTensor(graph, op.name, len(op.output_desc) + i) for i in range(len(names))]
+        for name in names:
+            write_desc(op.output_desc.add(), name, None, None)
+        results.append(tensors[0] if count is None else tensors)
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 def _lookup_prototype(op_type: str, checker: Checker) -> OpPrototype:
@@ -242,13 +255,24 @@ def _check_input_names(proto: OpPrototype, inputs: Mapping, checker: Checker) ->
         if name not in known:
             checker.fail(f"unknown input {name!r}; the prototype's inputs are {known}")
     for arg in proto.inputs:
-        if arg.presence == "required" and inputs.get(arg.name) is None:
+        if arg.presence != "optional" and inputs.get(arg.name) is None:
             checker.fail(f"required input {arg.name!r} is missing")
 
 
-def _check_output_names(proto: OpPrototype, outputs: Sequence[str], checker: Checker) -> None:
-    if list(outputs) != proto.output_names():
-        checker.fail(f"outputs must be the prototype's {proto.output_names()} in order, got {list(outputs)}")
+def _check_output_names(proto: OpPrototype, outputs: Sequence, checker: Checker) -> list[int | None]:
+    """The count of each prototype output: None for a plain one, n >= 1 for a dynamic one given as (name, n)."""
+    expected = [arg.name if arg.presence != "dynamic" else (arg.name, "n") for arg in proto.outputs]
+    counts = []
+    for arg, given in zip(proto.outputs, outputs, strict=False):
+        if arg.presence != "dynamic" and given == arg.name:
+            counts.append(None)
+        elif (arg.presence == "dynamic" and isinstance(given, (tuple, list)) and len(given) == 2
+              and given[0] == arg.name and isinstance(given[1], int) and given[1] >= 1):
+            counts.append(given[1])
+    if len(counts) != len(proto.outputs) or len(outputs) != len(proto.outputs):
+        checker.fail(f"outputs must be the prototype's {expected} in order (n >= 1 for a dynamic output), "
+                     f"got {list(outputs)}")
+    return counts
 
 
 def _check_attrs(proto: OpPrototype, attrs: Mapping, checker: Checker) -> None:
@@ -262,18 +286,26 @@ def _check_attrs(proto: OpPrototype, attrs: Mapping, checker: Checker) -> None:
             checker.fail(f"attribute {name!r} must be {kinds[name]}, got ge.attr.{value.kind}({value.value!r})")
 
 
-def _write_input(graph: Graph, op: OpDef, arg: TensorArg, tensor: GraphTensor | None, checker: Checker) -> None:
-    """One `input` entry and one input_desc named after the prototype input ("" and DT_UNDEFINED if absent)."""
-    desc = op.input_desc.add()
-    if tensor is None:
+def _write_input(graph: Graph, op: OpDef, arg: TensorArg, given, checker: Checker) -> None:
+    """One `input` entry and one input_desc named after the prototype input ("" and DT_UNDEFINED if absent);
+    for a dynamic input, one per tensor of the list, numbered."""
+    if given is None:
         op.input.append("")
-        write_desc(desc, arg.name, None, None)
+        write_desc(op.input_desc.add(), arg.name, None, None)
         return
-    if not isinstance(tensor, GraphTensor) or tensor.graph is not graph:
-        checker.fail(f"input {arg.name!r} must be a tensor of the open graph {graph.name!r}, got {tensor!r}")
-    op.input.append(tensor.ref)
-    desc.CopyFrom(tensor.desc)
-    desc.name = arg.name
+    if arg.presence == "dynamic":
+        if not isinstance(given, (list, tuple)) or len(given) == 0:
+            checker.fail(f"dynamic input {arg.name!r} must be a non-empty list of graph tensors, got {given!r}")
+        named = [(dynamic_desc_name(arg.name, i), tensor) for i, tensor in enumerate(given)]
+    else:
+        named = [(arg.name, given)]
+    for name, tensor in named:
+        if not isinstance(tensor, GraphTensor) or tensor.graph is not graph:
+            checker.fail(f"input {name!r} must be a tensor of the open graph {graph.name!r}, got {tensor!r}")
+        op.input.append(tensor.ref)
+        desc = op.input_desc.add()
+        desc.CopyFrom(tensor.desc)
+        desc.name = name
 
 
 __all__ = [
@@ -288,6 +320,7 @@ __all__ = [
     "attr",
     "current_graph",
     "custom_op",
+    "dynamic_desc_name",
     "ge_dtype",
     "set_traced_meta",
     "torch_dtype",

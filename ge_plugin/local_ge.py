@@ -17,6 +17,12 @@ entry is built, through its GraphNode instead: the first call of each input sign
 checked and planned here as above, the plan's launch record and buffers then kept in C++
 (reused by the same rule) and repeats run without Python, on the same kernels.
 
+Tensor ops (ops.TENSOR_OPS: the general read, whose kernels take a list of tensors where they lie):
+a dynamic input binds its descs `sources0`, `sources1`, ... in order (GE's naming), a dynamic output
+one desc per tensor likewise; a run validates the fed tensors by the prototype and calls the op's
+TensorKernel, the very call its eager op makes, on the tensors as fed (no contiguous copy, as eager),
+so graph and eager agree bit for bit. Such a node runs in Python (no GraphNode: nothing is planned).
+
 Reference outputs (an output named as an input, e.g. BlockAttnResUpdate's partial_block): as in
 GE, the output is the input's memory. The kernel is given the input as that output, as the eager op
 gives it (through a contiguous copy, copied back after, where the fed tensor is not contiguous), so
@@ -45,7 +51,7 @@ import torch
 from google.protobuf import text_format
 
 from attnres_ge.ge_plugin import cpp_entry, ge_attr
-from attnres_ge.ge_plugin.ge import static_dims, torch_dtype, write_desc
+from attnres_ge.ge_plugin.ge import dynamic_desc_name, static_dims, torch_dtype, write_desc
 from attnres_ge.ge_plugin.ge_ir import DT_UNDEFINED, GraphDef, OpDef, TensorDescriptor
 from attnres_ge.ge_plugin.ops import op_for_type
 from attnres_ge.ge_plugin.references import check_references_not_aliased, publish_reference_update
@@ -53,6 +59,7 @@ from attnres_ge.op_host.tiling_base import CompileInfo
 from attnres_ge.op_kernel import OpKernel
 from attnres_ge.op_kernel.buffer_pool import BufferPool
 from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
+from attnres_ge.op_kernel.kernel_spec import TensorKernel
 from attnres_ge.op_kernel.launcher import HostRuntime, ShapePlan, default_runtime
 from attnres_ge.op_proto import WHERE_GRAPH, WHERE_PROTOTYPE, AttnResInputError, OpPrototype, TensorMeta
 from attnres_ge.op_proto.op_def import is_unknown_rank
@@ -93,10 +100,11 @@ class CompiledOp:
     """A custom-op node after compile: everything a run needs but the tensors."""
 
     op_def: OpDef
-    kernel: OpKernel
+    kernel: OpKernel | TensorKernel
     attrs: dict
-    sources: list[tuple[str, int] | None]  # producer of each prototype input, None when absent
-    compile_info: CompileInfo
+    # Producer of each prototype input, None when absent, a list of them for a dynamic input.
+    sources: list[tuple[str, int] | list[tuple[str, int]] | None]
+    compile_info: CompileInfo | None  # TilingParse's result; None for a tensor op, which has no tiling
     references: tuple[tuple[int, int], ...] = ()  # (output index, input index) of each reference output
     buffers: BufferPool = field(default_factory=BufferPool)
 
@@ -129,7 +137,7 @@ class CompiledGraph:
         """One run in Python: every node planned (cached per signature), its buffers from its BufferPool."""
         values = self._bind_data(inputs)
         for op in self.ops:
-            args = [None if source is None else values[source] for source in op.sources]
+            args = [_fed(values, source) for source in op.sources]
             for index, output in enumerate(self._run_op(op, args)):
                 values[(op.op_def.name, index)] = output
         return [values[ref] for ref in self.results]
@@ -160,6 +168,8 @@ class CompiledGraph:
 
     def _run_op(self, op: CompiledOp, args: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """The runtime's plan for these shapes (InferShape + Tiling, cached), buffers, the kernel."""
+        if isinstance(op.kernel, TensorKernel):
+            return _run_tensor_op(op, args)
         tensors = [arg.contiguous() for arg in args]
         plan = self._plan(op, tensors)
         if not op.references:
@@ -193,6 +203,25 @@ class CompiledGraph:
             return self.runtime.plan(op.kernel, tensors, op.attrs, WHERE_GRAPH)
         except AttnResInputError as error:
             raise _node_error(op.op_def, error) from None
+
+
+def _fed(values: Mapping, source):
+    """What a node input receives: None (absent), a tensor, or a list of them (a dynamic input)."""
+    if source is None:
+        return None
+    return [values[item] for item in source] if isinstance(source, list) else values[source]
+
+
+def _run_tensor_op(op: CompiledOp, args: list) -> list[torch.Tensor]:
+    """A tensor op's node: the fed tensors validated as eager validates them, then the kernel's own call;
+    its outputs flattened in GE's order (a dynamic output's tensors in place of it)."""
+    prototype = op.prototype
+    try:
+        attrs, metas = prototype.check(prototype.input_metas(args, WHERE_GRAPH), op.attrs, WHERE_GRAPH)
+    except AttnResInputError as error:
+        raise _node_error(op.op_def, error) from None
+    outputs = op.kernel.run(args, attrs, metas)
+    return [tensor for output in outputs for tensor in (output if isinstance(output, list) else [output])]
 
 
 def _known_dims_match(shape: Sequence[int], declared: Sequence[int]) -> bool:
@@ -233,8 +262,8 @@ def _cpp_graph_node(compiled: CompiledGraph):
     its outputs (what the backend's converters build); None for other graphs or without the entry.
     It runs a planned signature without Python, buffers reused by BufferPool's rule; it asks the
     graph to plan a new signature and runs the graph in Python when the Python kernels are active."""
-    if GraphNode is None or len(compiled.ops) != 1:
-        return None
+    if GraphNode is None or len(compiled.ops) != 1 or compiled.ops[0].compile_info is None:
+        return None  # a tensor op (no compile info) has no plan for the node to repeat
     op = compiled.ops[0]
     data_index = {data.name: index for index, (data, _) in compiled.data_ops.items()}
     if any(source is None or source[0] not in data_index for source in op.sources):
@@ -301,11 +330,56 @@ def _compile_custom_op(runtime: HostRuntime, op: OpDef, descs: dict) -> Compiled
         outputs = prototype.infer(metas, attrs, WHERE_GRAPH)
     except AttnResInputError as error:
         raise _node_error(op, error) from None
-    _check_traced_outputs(op, prototype, outputs)
+    outputs = _expand_outputs(op, prototype, sources, outputs)
+    _check_traced_outputs(op, outputs)
     references = _bind_references(op, prototype, sources, metas, outputs)
-    for desc, name, meta in zip(op.output_desc, prototype.output_names(), outputs, strict=True):
-        write_desc(desc, name, meta.dtype, meta.shape)
-    return CompiledOp(op, kernel, attrs, sources, runtime.compile_info(kernel), references)
+    for desc, meta in zip(op.output_desc, outputs, strict=True):
+        write_desc(desc, desc.name, meta.dtype, meta.shape)
+    compile_info = None if isinstance(kernel, TensorKernel) else runtime.compile_info(kernel)
+    return CompiledOp(op, kernel, attrs, sources, compile_info, references)
+
+
+def _desc_counts(args: Sequence, names: Sequence[str]) -> list[int | None] | None:
+    """How the descs `names` (in order) spell the prototype's `args`: None for a plain arg (one desc named as
+    it), n >= 1 for a dynamic one (n descs numbered by GE: sources0, sources1, ...); None if they do not."""
+    counts, position = [], 0
+    for arg in args:
+        if arg.presence != "dynamic":
+            if position >= len(names) or names[position] != arg.name:
+                return None
+            counts.append(None)
+            position += 1
+            continue
+        count = 0
+        while position + count < len(names) and names[position + count] == dynamic_desc_name(arg.name, count):
+            count += 1
+        if count == 0:
+            return None
+        counts.append(count)
+        position += count
+    return counts if position == len(names) else None
+
+
+def _spelled(args: Sequence) -> list[str]:
+    """The prototype's args as the descs must name them, for an error message."""
+    return [f"{dynamic_desc_name(arg.name, 0)}, {dynamic_desc_name(arg.name, 1)}, ..." if arg.presence == "dynamic"
+            else arg.name for arg in args]
+
+
+def _expand_outputs(op: OpDef, prototype: OpPrototype, sources: Sequence,
+                    outputs: Sequence[TensorMeta]) -> list[TensorMeta]:
+    """InferShape's outputs, one per output desc: a dynamic output's meta repeated for each of its descs, which
+    must number as many as the tensors of the node's dynamic input (one gradient per source)."""
+    counts = _desc_counts(prototype.outputs, [desc.name for desc in op.output_desc])
+    if counts is None:
+        raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): output descs must be "
+                                f"{_spelled(prototype.outputs)} in order, got {[d.name for d in op.output_desc]}")
+    listed = [len(source) for source in sources if isinstance(source, list)]
+    for arg, count in zip(prototype.outputs, counts, strict=True):
+        if count is not None and listed != [count]:
+            raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): dynamic output {arg.name!r} must have "
+                                    f"one tensor per tensor of the dynamic input, {listed}, got {count}")
+    return [meta for meta, count in zip(outputs, counts, strict=True) for _ in range(count or 1)]
 
 
 def _bind_references(op: OpDef, prototype: OpPrototype, sources: Sequence, metas: Mapping,
@@ -340,29 +414,42 @@ def _bind_references(op: OpDef, prototype: OpPrototype, sources: Sequence, metas
 
 
 def _bind_inputs(op: OpDef, prototype: OpPrototype, descs: Mapping):
-    """Producer and TensorMeta of each prototype input; the node's input_desc refreshed from its producer."""
+    """Producer and TensorMeta of each prototype input (lists of them for a dynamic input); the node's
+    input_desc refreshed from its producers."""
     names = [desc.name for desc in op.input_desc]
-    if names != prototype.input_names() or len(op.input) != len(names):
-        raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): inputs must be {prototype.input_names()} "
+    counts = _desc_counts(prototype.inputs, names)
+    if counts is None or len(op.input) != len(names):
+        raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): inputs must be {_spelled(prototype.inputs)} "
                                 f"in order, got input_desc {names} with {len(op.input)} inputs")
-    sources, metas = [], {}
-    for arg, ref, desc in zip(prototype.inputs, op.input, op.input_desc, strict=True):
-        if ref == "":
-            if arg.presence != "optional":
-                raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): required input {arg.name!r} "
-                                        "is absent")
-            sources.append(None)
-            continue
-        source = _resolve(op, ref, descs)
-        desc.CopyFrom(descs[source])
-        desc.name = arg.name
-        if desc.dtype == DT_UNDEFINED:
-            raise GraphCompileError(f"node {op.name!r}: input {arg.name!r} ({ref}) has no dtype")
-        sources.append(source)
-        metas[arg.name] = desc_meta(desc)
+    sources, metas, position = [], {}, 0
+    for arg, count in zip(prototype.inputs, counts, strict=True):
+        bound = [_bind_input(op, arg, position + i, descs) for i in range(count or 1)]
+        position += count or 1
+        if count is None:
+            sources.append(bound[0] and bound[0][0])
+            metas[arg.name] = bound[0] and bound[0][1]
+        else:
+            sources.append([source for source, _ in bound])
+            metas[arg.name] = tuple(meta for _, meta in bound)
     for index, desc in enumerate(op.output_desc):
         descs[(op.name, index)] = desc
-    return sources, metas
+    return sources, metas  # None for an absent optional input, as eager's input_metas gives it
+
+
+def _bind_input(op: OpDef, arg, index: int, descs: Mapping) -> tuple[tuple[str, int], TensorMeta] | None:
+    """(producer, meta) of the node's input `index`, its desc refreshed; None for an absent optional input."""
+    ref, desc = op.input[index], op.input_desc[index]
+    if ref == "":
+        if arg.presence != "optional":
+            raise AttnResInputError(f"node {op.name!r} ({WHERE_PROTOTYPE}): required input {desc.name!r} is absent")
+        return None
+    source = _resolve(op, ref, descs)
+    name = desc.name
+    desc.CopyFrom(descs[source])
+    desc.name = name
+    if desc.dtype == DT_UNDEFINED:
+        raise GraphCompileError(f"node {op.name!r}: input {name!r} ({ref}) has no dtype")
+    return source, desc_meta(desc)
 
 
 def _bind_attrs(op: OpDef, prototype: OpPrototype) -> dict:
@@ -386,11 +473,9 @@ def _bind_attrs(op: OpDef, prototype: OpPrototype) -> dict:
         raise _node_error(op, error) from None
 
 
-def _check_traced_outputs(op: OpDef, prototype: OpPrototype, inferred: Sequence[TensorMeta]) -> None:
-    """Where torch recorded the outputs it traced, InferShape must agree (dtype; every dim both know)."""
-    if len(op.output_desc) != len(prototype.outputs):
-        raise GraphCompileError(f"node {op.name!r}: {len(op.output_desc)} output descs, the prototype has "
-                                f"{prototype.output_names()}")
+def _check_traced_outputs(op: OpDef, inferred: Sequence[TensorMeta]) -> None:
+    """Where torch recorded the outputs it traced, InferShape must agree (dtype; every dim both know).
+    `inferred`: one meta per output desc (_expand_outputs checked the descs against the prototype)."""
     for desc, meta in zip(op.output_desc, inferred, strict=True):
         if desc.dtype == DT_UNDEFINED:
             continue

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from attnres_ge.op_kernel import OpKernel
-from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals import KERNEL as FORWARD_KERNEL
 from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWARD_KERNEL
 from attnres_ge.op_kernel.block_attn_res_prepare import KERNEL as PREPARE_KERNEL
+from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
 from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
 from attnres_ge.op_kernel.kernel_spec import TensorKernel
 from attnres_ge.op_proto import OpPrototype
