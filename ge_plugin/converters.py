@@ -12,7 +12,9 @@ ops.TENSOR_OPS), plus CANN's `cann_ops_transformer` op of the same name when tha
 loaded (looked up at each call, so loading it later still counts).
 
 torchair (when `import torchair` succeeds): `register_torchair_converters()` registers the same
-converters, bound to `torchair.ge`, with `torchair.register_fx_node_ge_converter(op)`. It runs
+converters, bound to `torchair.ge`, with `torchair.register_fx_node_ge_converter(op)`, but for the
+tensor ops: CANN's GE has no BlockAttnResRead, so the read's torchair converters
+(ge_plugin/read_torchair.py) emit CANN's ops for CANN's case and refuse the others. It runs
 once at import of this package and can be called again after torchair is imported later.
 """
 
@@ -32,6 +34,7 @@ import torch
 from attnres_ge.ge_plugin import ge as local_ge
 from attnres_ge.ge_plugin import ops
 from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, TorchOp
+from attnres_ge.ge_plugin.read_torchair import make_read_converter, make_read_grad_converter
 from attnres_ge.op_proto.op_def import ATTR_KINDS
 
 
@@ -131,13 +134,26 @@ def register_torchair_converters(torchair: ModuleType | None = None) -> list:
         return []
     done = _registered_with.setdefault(torchair, set())
     newly = []
-    for op, make in _converter_makers():
+    for op, convert in _torchair_converters(torchair):
         if op in done:
             continue
-        torchair.register_fx_node_ge_converter(op)(make(torchair.ge))
+        torchair.register_fx_node_ge_converter(op)(convert)
         done.add(op)
         newly.append(op)
     return newly
+
+
+def _torchair_converters(torchair: ModuleType) -> list[tuple[object, Callable]]:
+    """(torch op overload, converter emitting through torchair) for every op loaded now: the registry's
+    through torchair.ge, the read's through CANN's ops (torchair's GE op builders, ge_apis)."""
+    pairs = [(op, make(torchair.ge)) for op, make in _converter_makers()]
+    raw = importlib.import_module(f"{torchair.__name__}._ge_concrete_graph.ge_apis")
+    read, read_grad = ops.TENSOR_OPS
+    forward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS, torchair.ge)
+    backward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS_GRAD, torchair.ge)
+    reads = [(_overload(NAMESPACE, read.name), make_read_converter(raw, forward)),
+             (_overload(NAMESPACE, read_grad.name), make_read_grad_converter(raw, backward))]
+    return pairs + [(op, convert) for op, convert in reads if op is not None]
 
 
 def _import_torchair() -> ModuleType | None:

@@ -156,9 +156,21 @@ def assign(results: list[torch.Tensor], assigned_outputs) -> list[torch.Tensor]:
     return results
 
 
+# ge::DataType numbers of the float outputs torchair declares at load (LoadedGraph.output_dtypes).
+GE_FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 27: torch.bfloat16}
+
+
 def meta_outputs(loaded: LoadedGraph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Meta inputs carry no values: each node's outputs are meta tensors of its prototype's InferShape."""
-    graph_def = runnable_graph(loaded)
+    """Meta inputs carry no values: each node's outputs are meta tensors of its prototype's InferShape. A graph
+    holding CANN's own ops (e.g. the read's Pack and RmsNorm) gets the outputs torchair declared for it (its
+    static hint shapes and output dtypes), so that a training step's backward graph is built too."""
+    try:
+        graph_def = runnable_graph(loaded)
+    except CaptureOnlyError:
+        if loaded.hint_output_shapes is None or any(dim < 0 for s in loaded.hint_output_shapes for dim in s):
+            raise
+        return [torch.empty(shape, dtype=GE_FLOAT_DTYPES[dtype], device="meta")
+                for shape, dtype in zip(loaded.hint_output_shapes, loaded.output_dtypes, strict=True)]
     moved_inputs(graph_def)  # the same graphs are refused as in a run with values
     graph_def = without_tensor_moves(graph_def)
     values = {(op.name, 0): inputs[op.attr["index"].i] for op in graph_def.op if op.type == "Data"}
