@@ -147,12 +147,14 @@ def _torchair_converters(torchair: ModuleType) -> list[tuple[object, Callable]]:
     """(torch op overload, converter emitting through torchair) for every op loaded now: the registry's
     through torchair.ge, the read's through CANN's ops (torchair's GE op builders, ge_apis)."""
     pairs = [(op, make(torchair.ge)) for op, make in _converter_makers()]
-    raw = importlib.import_module(f"{torchair.__name__}._ge_concrete_graph.ge_apis")
+    def raw_ops() -> ModuleType:  # looked up when a read is converted: torchair's GE op builders
+        return importlib.import_module(f"{torchair.__name__}._ge_concrete_graph.ge_apis")
+
     read, read_grad = ops.TENSOR_OPS
     forward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS, torchair.ge)
     backward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS_GRAD, torchair.ge)
-    reads = [(_overload(NAMESPACE, read.name), make_read_converter(raw, forward)),
-             (_overload(NAMESPACE, read_grad.name), make_read_grad_converter(raw, backward))]
+    reads = [(_overload(NAMESPACE, read.name), make_read_converter(raw_ops, forward)),
+             (_overload(NAMESPACE, read_grad.name), make_read_grad_converter(raw_ops, backward))]
     return pairs + [(op, convert) for op, convert in reads if op is not None]
 
 

@@ -18,7 +18,8 @@ read does not save)
 
 The nodes of CANN's ops come through the registry's converters (make_converter, bound to torchair.ge); the
 others (Pack, Split, Squeeze, Unsqueeze, RmsNorm, Cast, Const) are torchair's own GE op builders, `raw` here
-(torchair._ge_concrete_graph.ge_apis), passed in so that this module never imports torchair.
+(torchair._ge_concrete_graph.ge_apis), which `raw_ops()` gives at conversion time, so that this module never
+imports torchair.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _empty(raw: ModuleType):
     return raw.Const([], dtype=raw.DataType.DT_FLOAT)
 
 
-def make_read_converter(raw: ModuleType, forward: Callable) -> Callable:
+def make_read_converter(raw_ops: Callable[[], ModuleType], forward: Callable) -> Callable:
     """The torchair converter of attnres.block_attn_res_read; `forward` is BlockAttentionResiduals' converter."""
 
     def convert_block_attn_res_read(sources, query, key_norm_weight=None, output_norm_weight=None, *, eps=1e-6,
@@ -83,6 +84,7 @@ def make_read_converter(raw: ModuleType, forward: Callable) -> Callable:
                                 scale)
         if reason is not None:
             _refuse(READ_TYPE, reason)
+        raw = raw_ops()
         partial_block, block_res = _stacked_blocks(raw, sources)
         hidden, inv_norm, probs = forward(partial_block, block_res, query, key_norm_weight, -1, eps, save_statistics)
         inv_rms = _empty(raw)
@@ -99,7 +101,7 @@ def make_read_converter(raw: ModuleType, forward: Callable) -> Callable:
     return convert_block_attn_res_read
 
 
-def make_read_grad_converter(raw: ModuleType, backward: Callable) -> Callable:
+def make_read_grad_converter(raw_ops: Callable[[], ModuleType], backward: Callable) -> Callable:
     """The torchair converter of attnres.block_attn_res_read_backward; `backward` is BlockAttentionResidualsGrad's."""
 
     def convert_block_attn_res_read_backward(grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms,
@@ -111,6 +113,7 @@ def make_read_grad_converter(raw: ModuleType, backward: Callable) -> Callable:
             reason = "an output-norm weight (its gradient needs the unnormalised output, which the read does not save)"
         if reason is not None:
             _refuse(READ_GRAD_TYPE, reason)
+        raw = raw_ops()
         partial_block, block_res = _stacked_blocks(raw, sources)
         grads = backward(partial_block, block_res, query, key_norm_weight, raw.Squeeze(grad_hidden_states, axis=[0]),
                          inv_norm, raw.Squeeze(probs, axis=[0]), valid_block_num=0)
