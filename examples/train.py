@@ -4,7 +4,7 @@
 
 Both runs start from the same seed and see the same batches; graph mode is
 `torch.compile(model, backend="attnres_ge")` (AOTAutograd; the stream's reads are the general read,
-which has no GE converter yet and runs as the same torch call in both modes).
+whose forward and backward become BlockAttnResRead / BlockAttnResReadGrad nodes of the local GE).
 Prints both loss curves, their difference (0.0 when bit-identical) and the time per step of
 each mode (graph mode's first step, which compiles, is reported apart).
 """
