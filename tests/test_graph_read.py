@@ -15,7 +15,6 @@ from attnres_ge.ge_plugin import ge, ge_attr, ge_ir
 from attnres_ge.ge_plugin.converters import make_converter
 from attnres_ge.ge_plugin.local_ge import compile_graph
 from attnres_ge.ge_plugin.ops import TENSOR_OPS
-from attnres_ge.op_kernel import KERNELS, native_available, native_module
 from attnres_ge.op_proto import AttnResInputError
 
 T, L, H = 5, 3, 8
@@ -24,15 +23,9 @@ GE_DTYPE = {torch.float32: ge_ir.DT_FLOAT, torch.bfloat16: ge_ir.DT_BF16}
 
 
 @pytest.fixture(autouse=True)
-def read_kernels():
-    """A fresh dynamo; the Python kernels while the native module has no read (its pair is not built yet)."""
+def fresh_dynamo():
     torch._dynamo.reset()
-    if native_available() and hasattr(native_module(), "read_forward"):
-        yield
-    else:
-        KERNELS.set_implementation("python")
-        yield
-        KERNELS.set_implementation(None)
+    yield
     torch._dynamo.reset()
 
 
