@@ -458,3 +458,82 @@ def test_read_shapes_are_named_shapes_of_their_own_family(argv, reads, tiny_read
     args = bench.build_parser().parse_args(argv)
     run.select_shapes(args)
     assert list(args.read_shapes) == reads
+
+
+# The end-to-end run times a one-layer model (the quickest); the providers are compared on two layers, the second
+# a full-attention layer (its 3-query read).
+TINY_MODELS = {"inkling2_P0_T8_D64_L1_B1": (0, 8, 64, 1, 1), "inkling2_P8_T1_D64_L1_B1": (8, 1, 64, 1, 1)}
+
+
+@pytest.fixture
+def tiny_models(monkeypatch):
+    """The Inkling2 model's named shapes, a prefill and a decode step small enough for a test."""
+    monkeypatch.setitem(registry.NAMED_SHAPES, "inkling2-model", TINY_MODELS)
+
+
+def test_model_family_times_stock_and_patched_and_reports_the_speedup_from_them(
+        tmp_path, never_disturbed, tiny_models, inkling2, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--shapes", *TINY_MODELS, "--providers", "stock", "patched", "--rounds", "2",
+                       "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    timed = {(m["shape"], m["provider"]): m for m in written["results"]}
+    assert sorted(timed) == sorted((name, p) for name in TINY_MODELS for p in ("stock", "patched"))
+    for m in timed.values():
+        assert m["dtype"] == "float32" and m["direction"] == "forward" and m["trusted"] and m["median_ms"] > 0
+        assert m["path"] == paths.kernel_path() and m["traffic_bytes"] == timed[m["shape"], "stock"]["traffic_bytes"]
+    rows = {row["shape"]: row for row in written["models"]}
+    assert set(rows) == set(TINY_MODELS)
+    for name, row in rows.items():
+        stock, patched = timed[name, "stock"]["median_ms"], timed[name, "patched"]["median_ms"]
+        assert (row["stock_ms"], row["patched_ms"]) == (stock, patched)
+        assert row["speedup"] == pytest.approx(stock / patched)
+    printed = capsys.readouterr().out.splitlines()
+    table = [line.split() for line in printed if line.split()[1:2] and line.split()[1] in TINY_MODELS]
+    assert [(fields[1], fields[-1]) for fields in table] == [(name, f"{rows[name]['speedup']:.2f}x")
+                                                          for name in TINY_MODELS]
+
+
+def test_model_providers_agree_and_every_decode_step_starts_from_the_prefill(inkling2):
+    """stock and patched compute the same logits (float32 tolerance), so the bench times one model two ways; a
+    cached step runs on a fresh copy of the prefilled cache each call, and refuses a call without one."""
+    from attnres_ge.bench.cases.model import ModelCase
+
+    for shape in ((0, 8, 64, 2, 1), (8, 1, 64, 2, 1)):
+        case = ModelCase(shape)
+        stock, patched = (case.provider(name)["forward"] for name in ("stock", "patched"))
+        logits = []
+        for call in (stock, patched, stock):
+            getattr(call, "prepare", lambda: None)()
+            logits.append(call())
+        assert logits[0].shape == (1, shape[1], 1024)
+        torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-5)
+        assert torch.equal(logits[2], logits[0])  # the same state each call: a decode step does not see the last
+        if shape[0]:
+            assert stock.prefilled.get_seq_length() == shape[0]
+            with pytest.raises(RuntimeError, match="without prepare"):
+                stock()
+
+
+def test_model_without_transformers_reports_both_providers_unavailable(monkeypatch):
+    from attnres_ge.bench.cases.model import ModelCase
+
+    monkeypatch.setitem(sys.modules, "transformers.models.inkling2", None)  # its import now fails
+    logged = []
+    results = harness.measure_case(ModelCase((0, 4, 16, 1, 1)), "inkling2_P0_T4_D16_L1_B1", "float32",
+                                   ["stock", "patched"], rounds=3, retries=0, log=logged.append)
+    assert results == []
+    assert [line.split(":")[0] for line in logged] == ["  stock", "  patched"]
+    assert all("unavailable (RuntimeError: needs transformers with Inkling2" in line for line in logged)
+
+
+def test_prepare_runs_before_every_call_and_outside_its_time(monkeypatch):
+    """The harness runs a call's `prepare` before the call's paired copy, once per call, warm-up included."""
+    events = []
+
+    def call():
+        events.append("call")
+
+    call.prepare = lambda: events.append("prepare")
+    harness.time_rounds({"stateful": call}, lambda: events.append("copy"), rounds=3, warmup=1)
+    assert events == ["prepare", "copy", "call"] * 4

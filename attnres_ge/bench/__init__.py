@@ -17,11 +17,13 @@ The modules, by job:
                    stream      one forward of a model's residual stream, both ways (stream_T_D_L_B)
                    read        the general read (fused_attnres) against Inkling2's module, eager and
                                inductor, and FLA's interface with and without its output norm (read_T_N_H_S)
+                   model       a tiny Inkling2 model's prefill and decode step, stock against patched with
+                               integrations.transformers.apply (inkling2_P_T_D_L_B)
                    op          any registry op (ge_plugin/ops.py) that sets bench_inputs and has no family
                  and registry, the named shapes of each family and registry op (--shapes, --list)
   overheads      the per-call overhead of the per-layer op's paths above the bare kernel, for short kernels
   paths          what runs the kernels: the native kernels' instruction set paths (--paths)
-  report         speedups, the goal table, the block and stream table, the machine
+  report         speedups, the goal tables, the block and stream table, the model's speedups, the machine
   plot           --plot
   run            the command line and the run
 

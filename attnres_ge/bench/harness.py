@@ -10,6 +10,9 @@ ratio of its call's time to its copy's, round by round, spreads by DISTURBED_ROU
 two saw different hosts), the rounds are run again (--retries times), and if they stay disturbed the measurement
 is flagged: its fraction of the copy and the speedups from it are not printed, plotted or written as results (the
 JSON keeps its raw times with the flag).
+
+A call that uses up state (a model's decode step, its KV cache) carries a `prepare` attribute: run before each of
+its calls, before the paired copy and outside the timed region, so that every timed call starts from the same state.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def time_rounds(calls: dict[str, Callable[[], object]], copy: Callable[[], objec
     after a copy of its own, so all of them, and their copies, see the host as it is during that round."""
     for _ in range(warmup):
         for call in calls.values():
+            _prepare(call)
             copy()
             call()
     call_times = {name: [] for name in calls}
@@ -78,6 +82,7 @@ def time_rounds(calls: dict[str, Callable[[], object]], copy: Callable[[], objec
     faults = dict.fromkeys(calls, 0)
     for _ in range(rounds):
         for name, call in calls.items():
+            _prepare(call)
             start = time.perf_counter()
             copy()
             copy_times[name].append(time.perf_counter() - start)
@@ -88,6 +93,13 @@ def time_rounds(calls: dict[str, Callable[[], object]], copy: Callable[[], objec
             faults[name] += _minor_faults() - before
             del result  # freed outside the timed region, as a training step frees it later
     return {name: (call_times[name], copy_times[name], faults[name] / rounds) for name in calls}
+
+
+def _prepare(call: Callable[[], object]) -> None:
+    """Run the call's `prepare`, where it has one (module docstring)."""
+    prepare = getattr(call, "prepare", None)
+    if prepare is not None:
+        prepare()
 
 
 def spread(times: list[float]) -> float:
@@ -196,11 +208,13 @@ def paired_differences(calls: dict[str, Callable[[], object]], baseline: str, co
     """Per round, each call (after a copy, if given); each other call's time minus the baseline's that round."""
     for _ in range(warmup):
         for call in calls.values():
+            _prepare(call)
             call()
     differences = {name: [] for name in calls if name != baseline}
     for _ in range(rounds):
         times = {}
         for name, call in calls.items():
+            _prepare(call)
             if copy is not None:
                 copy()
             start = time.perf_counter()

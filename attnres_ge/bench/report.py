@@ -3,7 +3,8 @@
 --paths times everything on several of the native kernels' instruction set paths, one after the other in the
 same run. Where the goals' shape (GOAL_SHAPE) was timed, a table closes the run: per path and dtype, op-graph's
 and op-eager's fraction of the paired copy against GOALS; where a read shape was timed, one per shape and dtype of
-the read's ratios against READ_GOALS.
+the read's ratios against READ_GOALS; where an inkling2-model shape was timed, one of the patched model's speedup
+over the stock one (no goal).
 """
 
 from __future__ import annotations
@@ -168,6 +169,32 @@ def block_table(rows: list[dict]) -> list[str]:
         lines.append(f"  {row['shape']:<26} per-layer ({row['per_layer_path']}) {row['per_layer_ms']:10.3f} ms  "
                      f"two-phase ({row['two_phase_path']}) {row['two_phase_ms']:10.3f} ms  "
                      f"speedup {row['speedup']:6.2f}x  (traffic model {row['traffic_ratio']:.2f}x)")
+    return lines
+
+
+def model_rows(results: list[Measurement], model_shapes) -> list[dict]:
+    """Per path and inkling2-model shape (among `model_shapes`, names) where both providers were timed: their
+    medians and patched's speedup over stock; None for a disturbed median and any ratio from it."""
+    keyed = {(m.path, m.shape, m.provider): m for m in results if m.shape in model_shapes}
+    rows = []
+    for path, shape in dict.fromkeys(key[:2] for key in keyed):
+        stock, patched = keyed.get((path, shape, "stock")), keyed.get((path, shape, "patched"))
+        if stock is None or patched is None:
+            continue
+        stock_ms, patched_ms = (m.median_ms if m.trusted else None for m in (stock, patched))
+        rows.append({"path": path, "shape": shape, "stock_ms": stock_ms, "patched_ms": patched_ms,
+                     "speedup": None if None in (stock_ms, patched_ms) else stock_ms / patched_ms})
+    return rows
+
+
+def model_table(rows: list[dict]) -> list[str]:
+    """model_rows as printed lines."""
+    lines = ["a tiny Inkling2 model, patched (its reads on fused_attnres) against stock, float32, no goal:"]
+    for row in rows:
+        stock, patched = ("disturbed" if ms is None else f"{ms:.3f} ms" for ms in (row["stock_ms"], row["patched_ms"]))
+        speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+        lines.append(f"  {row['path']:<12}{row['shape']:<30} stock {stock:>13}  patched {patched:>13}  "
+                     f"speedup {speedup}")
     return lines
 
 

@@ -12,6 +12,7 @@ import torch
 
 from attnres_ge.bench.cases import registry
 from attnres_ge.bench.cases.block import BLOCK_PROVIDERS, BlockCase
+from attnres_ge.bench.cases.model import MODEL_PROVIDERS, MODEL_ROUNDS, ModelCase
 from attnres_ge.bench.cases.op import OP_PROVIDERS, OpCase, timed_dtypes
 from attnres_ge.bench.cases.per_layer import OUR_PROVIDERS, PROVIDERS, measure
 from attnres_ge.bench.cases.read import READ_PROVIDERS, ReadCase, timed_providers
@@ -35,6 +36,8 @@ from attnres_ge.bench.report import (
     goal_rows,
     goal_table,
     machine,
+    model_rows,
+    model_table,
     read_goal_rows,
     read_goal_table,
     speedups,
@@ -44,7 +47,7 @@ from attnres_ge.shapes import DTYPES, parse_shape
 DESCRIPTION = ("`attnres-ge bench`: Block AttnRes against a paired copy and against PyTorch, side by side in one "
                "process.")
 ALL_PROVIDERS = (*PROVIDERS, *TWO_PHASE_PROVIDERS, *BLOCK_PROVIDERS, *STREAM_PROVIDERS,
-                 *READ_PROVIDERS)  # OP_PROVIDERS among them
+                 *READ_PROVIDERS, *MODEL_PROVIDERS)  # OP_PROVIDERS among them
 # The families timed float32 only, at their named shapes: case type and providers.
 SUITES = {"two-phase": (TwoPhaseCase, TWO_PHASE_PROVIDERS), "block": (BlockCase, BLOCK_PROVIDERS),
           "stream": (StreamCase, STREAM_PROVIDERS)}
@@ -74,8 +77,8 @@ def chosen_names(args: argparse.Namespace, shapes: dict[str, dict[str, tuple[int
 
 def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
     """The per-layer op's shapes of the run (named ones and --shape); sets args.suite_shapes (two-phase, block,
-    stream: their named shapes of the run), args.read_shapes (the read's named shapes of the run) and
-    args.op_shapes (generic op -> its named shapes of the run, only
+    stream: their named shapes of the run), args.read_shapes and args.model_shapes (the read's and the
+    inkling2-model's named shapes of the run) and args.op_shapes (generic op -> its named shapes of the run, only
     the --ops where given). ValueError for an --ops name the generic family does not time."""
     shapes = registry.all_shapes()
     generic = registry.generic_ops()
@@ -90,6 +93,7 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
 
     args.suite_shapes = {family: picked(family) for family in SUITES}
     args.read_shapes = picked("read")
+    args.model_shapes = picked("inkling2-model")
     args.op_shapes = {op: picked(op) for op in generic if not args.ops or op in args.ops}
     selected = picked("per-layer")
     selected.update(args.shape)
@@ -98,16 +102,17 @@ def select_shapes(args: argparse.Namespace) -> dict[str, tuple[int, int, int]]:
 
 def build_parser() -> argparse.ArgumentParser:
     shapes = registry.all_shapes()
-    per_layer, two_phase, streams, reads = (", ".join(shapes[family])
-                                            for family in ("per-layer", "two-phase", "stream", "read"))
+    per_layer, two_phase, streams, reads, models = (", ".join(shapes[family]) for family in
+                                                    ("per-layer", "two-phase", "stream", "read", "inkling2-model"))
     parser = argparse.ArgumentParser(prog="attnres-ge bench", description=DESCRIPTION)
     parser.add_argument("--shapes", nargs="+", default=None, metavar="NAME",
                         choices=[name for named in shapes.values() for name in named],
                         help=f"named shapes to time: the per-layer op's {per_layer} (T_N_H); the two-phase ops' "
                              f"{two_phase} (T_N_S_D); blocks block_T{{4096,16,1}}_N{{8,32}}_D{{2048,7168}}_"
                              f"R{registry.BLOCK_READS}; the stream's {streams} (T_D_layers_layers per block); the "
-                             f"general read's {reads} (T_N_H_S); a registry op's (see --list) (default: all "
-                             f"per-layer, two-phase, stream and read shapes, the blocks "
+                             f"general read's {reads} (T_N_H_S); a tiny Inkling2 model's {models} (P_T_D_L_B: "
+                             f"tokens cached, tokens fed, hidden, layers, layers per block); a registry op's (see "
+                             f"--list) (default: all per-layer, two-phase, stream, read and model shapes, the blocks "
                              f"{', '.join(registry.DEFAULT_SHAPES['block'])} and the registry ops' shapes, unless "
                              f"--shape or --ops is given)")
     parser.add_argument("--all-blocks", action="store_true",
@@ -126,14 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                  f"two-phase ops' {', '.join(TWO_PHASE_PROVIDERS)}; a block's "
                                                  f"{', '.join(BLOCK_PROVIDERS)}; the stream's "
                                                  f"{', '.join(STREAM_PROVIDERS)}; the general read's "
-                                                 f"{', '.join(READ_PROVIDERS)}; a registry op's "
+                                                 f"{', '.join(READ_PROVIDERS)}; the Inkling2 model's "
+                                                 f"{', '.join(MODEL_PROVIDERS)}; a registry op's "
                                                  f"{', '.join(OP_PROVIDERS)} (default: all)")
     parser.add_argument("--paths", nargs="+", default=None, metavar="PATH",
                         help="instruction set paths of the native kernels to time, one after the other in this run "
                              f"(scalar, avx2, avx512, avx512bf16, or {ALL_PATHS}: every path this CPU runs; "
                              "default: the path the kernels run on)")
     parser.add_argument("--rounds", type=int, default=0,
-                        help="timed rounds per measurement (default: 7 for large shapes, 101 for small ones)")
+                        help="timed rounds per measurement (default: 7 for large shapes, 101 for small ones, "
+                             f"{MODEL_ROUNDS} for the Inkling2 model)")
     parser.add_argument("--retries", type=int, default=2,
                         help="times disturbed rounds are run again before the measurement is flagged (default: 2)")
     parser.add_argument("--overhead-rounds", type=int, default=OVERHEAD_ROUNDS,
@@ -192,11 +199,14 @@ def report(results: list[Measurement], overheads: list[dict], blocks: list[dict]
         print("\n".join(read_goal_table(read_goals)))
     if blocks:
         print("\n".join(block_table(blocks)))
+    models = model_rows(results, args.model_shapes)
+    if models:
+        print("\n".join(model_table(models)))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": about, "results": [{**asdict(m), "trusted": m.trusted} for m in results],
                        "speedups": ratios, "overheads": overheads, "goals": goals, "read_goals": read_goals,
-                       "blocks": blocks}, handle,
+                       "blocks": blocks, "models": models}, handle,
                       indent=1)
         print(f"wrote {args.json}")
     if args.plot:
@@ -207,7 +217,8 @@ def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace
                later_path: bool = False) -> tuple[list[Measurement], list[dict], list[dict]]:
     """Every shape and dtype of the run on the kernels as they run now: the measurements, the per-call overheads
     of the short ones, and the block rows (block_rows). On a later path of --paths the two-phase ops, the
-    generic ops and the read are not timed again while they run Python kernels (the path does not change them)."""
+    generic ops, the read and the Inkling2 model are not timed again while they run Python kernels (the path does
+    not change them)."""
     from attnres_ge.op_kernel import describe_implementation
 
     print(f"kernels: {describe_implementation()}, {kernel_threads()} kernel threads, "
@@ -225,8 +236,8 @@ def time_cases(shapes: dict[str, tuple[int, int, int]], args: argparse.Namespace
     blocks = time_suite("block", args)
     streams = time_suite("stream", args)
     ops = time_ops(args, later_path)
-    reads = [] if later_path and kernel_path() == "python" else time_reads(args)
-    return (results + blocks + streams + ops + reads, overheads,
+    reads, models = ([], []) if later_path and kernel_path() == "python" else (time_reads(args), time_models(args))
+    return (results + blocks + streams + ops + reads + models, overheads,
             block_rows(blocks, BLOCK_PROVIDERS) + block_rows(streams, STREAM_PROVIDERS))
 
 
@@ -280,4 +291,15 @@ def time_reads(args: argparse.Namespace) -> list[Measurement]:
             rounds = rounds_for(case.copy_elements(), args)
             print(f"{shape_name} {dtype_name} ({rounds} rounds)")
             results += measure_case(case, shape_name, dtype_name, providers, rounds, args.retries)
+    return results
+
+
+def time_models(args: argparse.Namespace) -> list[Measurement]:
+    """The tiny Inkling2 model's shapes of the run (float32 only), stock against patched (cases/model.py)."""
+    providers = [name for name in args.providers if name in MODEL_PROVIDERS]
+    results = []
+    for shape_name, shape in args.model_shapes.items() if providers else ():
+        rounds = args.rounds or MODEL_ROUNDS
+        print(f"{shape_name} float32 ({rounds} rounds)")
+        results += measure_case(ModelCase(shape), shape_name, "float32", providers, rounds, args.retries)
     return results

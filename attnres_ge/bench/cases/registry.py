@@ -24,8 +24,11 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "block": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
     "stream": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
     "read": ("block_attn_res_read",),
+    "inkling2-model": ("block_attn_res_read",),
 }
-FAMILY_LETTERS = {"per-layer": "TNH", "two-phase": "TNSD", "block": "TNDR", "stream": "TDLB", "read": "TNHS"}
+# inkling2-model: P tokens in the cache before the call, T tokens it feeds, D hidden, L layers, a seal every B.
+FAMILY_LETTERS = {"per-layer": "TNH", "two-phase": "TNSD", "block": "TNDR", "stream": "TDLB", "read": "TNHS",
+                  "inkling2-model": "PTDLB"}
 
 NAMED_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
     "per-layer": {
@@ -48,6 +51,9 @@ NAMED_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
     # The general read (N blocks and the partial block, S queries): Inkling2's MLP input (S=1; FLA's interface
     # too) and a full-attention layer's q, k, v inputs (S=3).
     "read": {f"read_T4096_N8_H2048_S{queries}": (4096, 8, 2048, queries) for queries in (1, 3)},
+    # A tiny Inkling2 model (cases/model.py), stock against patched: a 128-token prefill, then one decode step.
+    "inkling2-model": {"inkling2_P0_T128_D256_L4_B1": (0, 128, 256, 4, 1),
+                       "inkling2_P128_T1_D256_L4_B1": (128, 1, 256, 4, 1)},
 }
 # Timed without --shapes where fewer than every named shape (--all-blocks adds every block shape).
 DEFAULT_SHAPES: dict[str, tuple[str, ...]] = {
@@ -116,9 +122,9 @@ def listing() -> list[str]:
         chosen = defaults(owner, named)
         for name, shape in named.items():
             sizes = " ".join(f"{letter}={size}" for letter, size in zip(letters, shape, strict=True))
-            lines.append(f"{family:<10} {name:<28} {sizes:<28} {'default' if name in chosen else '':<8} "
+            lines.append(f"{family:<14} {name:<28} {sizes:<28} {'default' if name in chosen else '':<8} "
                          f"{' '.join(ops)}")
     timed = bespoke_ops() | set(generic)
-    lines += [f"{'untimed':<10} {op.name}: no family of its own and no bench_inputs"
+    lines += [f"{'untimed':<14} {op.name}: no family of its own and no bench_inputs"
               for op in registry_ops() if op.name not in timed]
     return lines
