@@ -88,6 +88,13 @@ def infer_shape(inputs, attrs, where):
 
 
 SOURCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The attributes of the math, which the gradient op takes too.
+MATH_ATTRS = (
+    AttrArg("eps", "Float", 1e-6),
+    AttrArg("output_eps", "Float", 1e-6),
+    AttrArg("scale", "Float", 1.0),
+    AttrArg("normalize_values", "Bool", False),
+)
 
 PROTOTYPE = OpPrototype(
     op_type=OP_TYPE,
@@ -104,13 +111,7 @@ PROTOTYPE = OpPrototype(
         TensorArg("probs", FLOAT32_ONLY, "[S, T, L] or [0]", presence="optional"),
         TensorArg("output_inv_rms", FLOAT32_ONLY, "[S, T] or [0]", presence="optional"),
     ),
-    attrs=(
-        AttrArg("eps", "Float", 1e-6),
-        AttrArg("output_eps", "Float", 1e-6),
-        AttrArg("scale", "Float", 1.0),
-        AttrArg("normalize_values", "Bool", False),
-        AttrArg("save_statistics", "Bool", False),
-    ),
+    attrs=(*MATH_ATTRS, AttrArg("save_statistics", "Bool", False)),
     infer_data_type=infer_data_type,
     infer_shape=infer_shape,
 )

@@ -8,12 +8,13 @@ import torch
 
 from attnres_ge.op_proto.block_attn_res_read import (
     FLOAT32_ONLY,
+    MATH_ATTRS,
     SOURCE_DTYPES,
     check_attrs,
     check_parameters,
     check_sources,
 )
-from attnres_ge.op_proto.op_def import AttrArg, Checker, OpPrototype, TensorArg
+from attnres_ge.op_proto.op_def import Checker, OpPrototype, TensorArg
 
 OP_TYPE = "BlockAttnResReadGrad"
 
@@ -63,12 +64,7 @@ PROTOTYPE = OpPrototype(
         TensorArg("grad_key_norm_weight", FLOAT32_ONLY, "[H] or [0]", presence="optional"),
         TensorArg("grad_output_norm_weight", FLOAT32_ONLY, "[H], [W, H] or [0]", presence="optional"),
     ),
-    attrs=(
-        AttrArg("eps", "Float", 1e-6),
-        AttrArg("output_eps", "Float", 1e-6),
-        AttrArg("scale", "Float", 1.0),
-        AttrArg("normalize_values", "Bool", False),
-    ),
+    attrs=MATH_ATTRS,
     infer_data_type=infer_data_type,
     infer_shape=infer_shape,
 )
