@@ -130,7 +130,13 @@ def _kernel_scalars(attrs: dict) -> tuple:
 
 
 def _new(meta) -> torch.Tensor:
-    return torch.empty(meta.shape, dtype=meta.dtype)
+    """A fresh output from the C++ entry's huge-page pool when large (as the registry ops' eager outputs,
+    op_common._empty_output): a torch.empty of the read's [S, T, H] output page-faulted on every 4 KiB
+    page it first wrote, which took as long as the kernel's own work. Imported here, at the call: the
+    entry lives in ge_plugin, which imports this module."""
+    from attnres_ge.ge_plugin.op_common import _empty_output
+
+    return _empty_output(tuple(meta.shape), meta.dtype)
 
 
 def _kept(tensor: torch.Tensor) -> torch.Tensor | None:
