@@ -227,6 +227,32 @@ def test_same_bits_on_every_path_and_thread_count(dtype):
         torch.set_num_threads(saved_threads)
 
 
+STREAMED_OUTPUT_BYTES = 8 << 20  # read_kernel.h's kReadStreamMinBytes: larger outputs go by streaming stores
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_streamed_output_has_the_same_bits(dtype):
+    """A large output, aligned (streaming stores) and one element off (usual stores: can_stream refuses it),
+    on every path: the same bits."""
+    hidden, queries = 2048, 2
+    tokens = STREAMED_OUTPUT_BYTES // (queries * hidden * dtype.itemsize)
+    case = make_case(tokens, 2, queries, hidden, dtype, weight_rows=None, key_weight=False)
+    saved_path = native.isa_path()
+    try:
+        for path in native.available_isa_paths():
+            native.use_isa_path(path)
+            outputs = []
+            for offset in (0, 1):
+                out = torch.full((queries * tokens * hidden + offset,), float("nan"), dtype=dtype)[offset:]
+                out = out.view(queries, tokens, hidden)
+                native.read_forward(case["sources"], case["query"], None, None, out, None, None, None, EPS,
+                                    OUTPUT_EPS, case["scale"], True)
+                outputs.append(out)
+            assert_same_bits(outputs[:1], outputs[1:], f"streamed and stored on {path}")
+    finally:
+        native.use_isa_path(saved_path)
+
+
 def test_no_tokens_writes_nothing_and_zero_gradients():
     case = make_case(0, 3, 2, 37, torch.float32, weight_rows=2)
     out, inv_norm, probs, output_inv_rms = run_forward(case, False)

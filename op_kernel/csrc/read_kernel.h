@@ -262,8 +262,9 @@ inline void read_softmax(const ReadShape& a, const double* squares, const double
 }
 
 // out[s, t] from y_s (lane layout): y_s itself, or with an output norm g_s y_s rho_s, rho_s from the
-// float64 lanes of sum y_s^2. Returns rho_s (0 without an output norm).
-template <typename T>
+// float64 lanes of sum y_s^2. Returns rho_s (0 without an output norm). kStream: full groups go by
+// streaming stores (out 32-byte aligned, can_stream), so the output's lines are not read first.
+template <bool kStream, typename T>
 inline float finish_output(const ReadShape& a, const ReadWeights<T>& weights, int64_t s, const float* y, T* out) {
   const int64_t hidden = a.hidden;
   float rho = 0.0f;
@@ -278,12 +279,27 @@ inline float finish_output(const ReadShape& a, const ReadWeights<T>& weights, in
     V16 o = vload(y + h);
     if (g != nullptr) o = vmul(vmul(vload(g + h), o), rho_v);
     if (h + kLanes <= hidden) {
-      vstore(out + h, o);
+      if (kStream) {
+        vstream(out + h, o);
+      } else {
+        vstore(out + h, o);
+      }
     } else {
       vstore_partial(out + h, o, hidden - h);
     }
   }
   return rho;
+}
+
+// Whether the forward writes its output by streaming stores: when it can (aligned rows) and the output
+// is far larger than the caches, where the usual stores would first read every line of it from memory
+// (a third more traffic at S = 3). The stores' values are the same: the same bits.
+constexpr int64_t kReadStreamMinBytes = int64_t{8} << 20;
+
+template <typename T>
+inline bool stream_output(const ReadForwardArgs& a) {
+  const int64_t bytes = a.queries * a.tokens * a.hidden * static_cast<int64_t>(sizeof(T));
+  return bytes >= kReadStreamMinBytes && can_stream<T>(a.out, a.hidden);
 }
 
 // A forward task's scratch: per token [L] and [S, L] scalars, the lanes, and y [S, H_pad].
@@ -296,9 +312,10 @@ struct ReadForwardTask {
   LaneArray square_lanes, dot_lanes;
   std::vector<double> squares, dots, r, scores;
   std::vector<float> inv_norm, probs, coefficients, y;
+  bool stream;  // the output by streaming stores (stream_output)
 
   ReadForwardTask(const ReadForwardArgs& args, const ReadWeights<T>& w)
-      : a(args), weights(w), rows(args.rows), next(args.rows), queries(args.queries), square_lanes(args.rows),
+      : a(args), weights(w), stream(stream_output<T>(args)), rows(args.rows), next(args.rows), queries(args.queries), square_lanes(args.rows),
         dot_lanes(args.queries * args.rows), squares(args.rows), dots(args.queries * args.rows), r(args.rows), scores(args.rows),
         inv_norm(args.rows), probs(args.queries * args.rows), coefficients(args.queries * args.rows),
         y(args.queries * w.hidden_pad) {
@@ -319,8 +336,10 @@ struct ReadForwardTask {
     mix_rows(rows.data(), a.rows, coefficients.data(), a.queries, a.hidden, y.data());
     T* out = static_cast<T*>(a.out);
     for (int64_t s = 0; s < a.queries; ++s) {
-      const float rho = finish_output(a, weights, s, y.data() + s * weights.hidden_pad,
-                                      out + (s * a.tokens + t) * a.hidden);
+      const float* ys = y.data() + s * weights.hidden_pad;
+      T* out_row = out + (s * a.tokens + t) * a.hidden;
+      const float rho = stream ? finish_output<true>(a, weights, s, ys, out_row)
+                               : finish_output<false>(a, weights, s, ys, out_row);
       if (a.output_inv_rms != nullptr) a.output_inv_rms[s * a.tokens + t] = rho;
     }
     store_statistics(t);
@@ -343,6 +362,7 @@ void read_forward_impl(const ReadForwardArgs& args, int max_threads) {
     ReadForwardTask<T> task(args, weights);
     const int64_t start = chunk * kReadChunkTokens, stop = std::min(start + kReadChunkTokens, args.tokens);
     for (int64_t t = start; t < stop; ++t) task.token(t, t + 1 < stop);
+    if (task.stream) stream_fence();  // the task's streaming stores are visible when the call returns
   });
 }
 
