@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.op_common import LIBRARY
 from attnres_ge.ge_plugin.ops import NAMESPACE, TENSOR_OPS
 from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
@@ -33,7 +34,7 @@ def read_eager(sources, query, key_norm_weight=None, output_norm_weight=None, **
     tensors = (sources, query, key_norm_weight, output_norm_weight)
     attrs, outputs = _checked(READ, tensors, keywords, WHERE_EAGER)
     _on_cpu(READ.op_type, sources[0])
-    return tuple(READ_KERNEL.run(tensors, attrs, outputs))
+    return tuple(READ_KERNEL.run(tensors, attrs, outputs, cpp_entry.empty_output))
 
 
 def read_fake(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
@@ -47,7 +48,7 @@ def read_backward_eager(grad_hidden_states, sources, query, inv_norm, probs, out
                output_norm_weight)
     attrs, outputs = _checked(READ_GRAD, tensors, keywords, WHERE_EAGER)
     _on_cpu(READ_GRAD.op_type, sources[0])
-    return tuple(READ_GRAD_KERNEL.run(tensors, attrs, outputs))
+    return tuple(READ_GRAD_KERNEL.run(tensors, attrs, outputs, cpp_entry.empty_output))
 
 
 def read_backward_fake(grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight=None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 INTERFACE_VERSION = 8  # what ge_plugin/csrc/cpp_entry.cpp exports as INTERFACE_VERSION
 
 
@@ -28,3 +30,11 @@ def _load():
 
 
 MODULE = _load()
+
+
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh output tensor: from the entry's huge-page pool when large (a torch.empty would page-fault on
+    every 4 KiB page its kernel first writes), else torch's allocator; torch's allocator without the entry."""
+    if MODULE is not None:
+        return MODULE.empty_output(tuple(shape), dtype)
+    return torch.empty(tuple(shape), dtype=dtype)

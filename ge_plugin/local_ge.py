@@ -220,7 +220,7 @@ def _run_tensor_op(op: CompiledOp, args: list) -> list[torch.Tensor]:
         attrs, metas = prototype.check(prototype.input_metas(args, WHERE_GRAPH), op.attrs, WHERE_GRAPH)
     except AttnResInputError as error:
         raise _node_error(op.op_def, error) from None
-    outputs = op.kernel.run(args, attrs, metas)
+    outputs = op.kernel.run(args, attrs, metas, cpp_entry.empty_output)
     return [tensor for output in outputs for tensor in (output if isinstance(output, list) else [output])]
 
 

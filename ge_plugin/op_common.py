@@ -35,18 +35,11 @@ LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _eager_ops: dict[str, OpKernel] = {}  # torch op name -> its kernels, for the C++ entry's first calls
 
 
-def _empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A fresh output: the C++ entry's (from its huge-page pool when large), else torch's allocator."""
-    if cpp_entry.MODULE is not None:
-        return cpp_entry.MODULE.empty_output(shape, dtype)
-    return torch.empty(shape, dtype=dtype)
-
-
 def _launch(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mapping):
     runtime = default_runtime()
     plan = runtime.plan(op, tensors, attrs, WHERE_EAGER)
     tensors = [tensor.contiguous() for tensor in tensors]
-    outputs = tuple(_empty_output(meta.shape, meta.dtype) for meta in plan.outputs)
+    outputs = tuple(cpp_entry.empty_output(meta.shape, meta.dtype) for meta in plan.outputs)
     runtime.run_kernel(plan, tensors, outputs)
     return outputs, plan
 
@@ -70,7 +63,8 @@ def _launch_in_place(op: OpKernel, tensors: Sequence[torch.Tensor], attrs: Mappi
     inputs = [tensor.contiguous() for tensor in tensors]
     names = proto.input_names()
     outputs = [inputs[names.index(arg.name)] if proto.is_reference_output(arg.name) else
-               _empty_output(meta.shape, meta.dtype) for arg, meta in zip(proto.outputs, plan.outputs, strict=True)]
+               cpp_entry.empty_output(meta.shape, meta.dtype)
+               for arg, meta in zip(proto.outputs, plan.outputs, strict=True)]
     runtime.run_kernel(plan, inputs, outputs)
     for name in proto.reference_outputs():
         index = names.index(name)

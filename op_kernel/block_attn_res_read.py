@@ -18,7 +18,7 @@ names; the Python one here computes in float64 (the oracle).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -129,39 +129,29 @@ def _kernel_scalars(attrs: dict) -> tuple:
     return float32(attrs["eps"]), float32(attrs["output_eps"]), float32(attrs["scale"]), attrs["normalize_values"]
 
 
-def _new(meta) -> torch.Tensor:
-    """A fresh output from the C++ entry's huge-page pool when large (as the registry ops' eager outputs,
-    op_common._empty_output): a torch.empty of the read's [S, T, H] output page-faulted on every 4 KiB
-    page it first wrote, which took as long as the kernel's own work. Imported here, at the call: the
-    entry lives in ge_plugin, which imports this module."""
-    from attnres_ge.ge_plugin.op_common import _empty_output
-
-    return _empty_output(tuple(meta.shape), meta.dtype)
-
-
 def _kept(tensor: torch.Tensor) -> torch.Tensor | None:
     """A statistic the kernel writes, or None where it is not kept (an empty output)."""
     return tensor if tuple(tensor.shape) != EMPTY else None
 
 
-def run_read(inputs: Sequence, attrs: dict, outputs: Sequence) -> list:
+def run_read(inputs: Sequence, attrs: dict, outputs: Sequence, allocate: Callable) -> list:
     """BlockAttnResRead on validated inputs (sources, query, key_norm_weight, output_norm_weight) with bound
     attributes and InferShape's output metas: [hidden_states, inv_norm, probs, output_inv_rms]."""
     sources, query, key_norm_weight, output_norm_weight = inputs
-    hidden, inv_norm, probs, inv_rms = (_new(meta) for meta in outputs)
+    hidden, inv_norm, probs, inv_rms = (allocate(meta.shape, meta.dtype) for meta in outputs)
     read_forward(gathered_sources(sources), _float32_parameter(query), _float32_parameter(key_norm_weight),
                  _float32_parameter(output_norm_weight, rows=1),
                  hidden, _kept(inv_norm), _kept(probs), _kept(inv_rms), *_kernel_scalars(attrs))
     return [hidden, inv_norm, probs, inv_rms]
 
 
-def run_read_backward(inputs: Sequence, attrs: dict, outputs: Sequence) -> list:
+def run_read_backward(inputs: Sequence, attrs: dict, outputs: Sequence, allocate: Callable) -> list:
     """BlockAttnResReadGrad likewise: [grad_sources (one per source), grad_query, grad_key_norm_weight,
     grad_output_norm_weight]."""
     grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight, output_norm_weight = inputs
     grad_source_meta, *weight_metas = outputs
-    grad_sources = [_new(grad_source_meta) for _ in sources]
-    grad_query, grad_key, grad_gain = (_new(meta) for meta in weight_metas)
+    grad_sources = [allocate(grad_source_meta.shape, grad_source_meta.dtype) for _ in sources]
+    grad_query, grad_key, grad_gain = (allocate(meta.shape, meta.dtype) for meta in weight_metas)
     gain = _float32_parameter(output_norm_weight, rows=1)
     read_backward(grad_hidden_states.contiguous(), gathered_sources(sources), _float32_parameter(query),
                   _float32_parameter(key_norm_weight), gain, inv_norm.contiguous(), probs.contiguous(),

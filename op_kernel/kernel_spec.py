@@ -40,9 +40,10 @@ class OpKernel:
 class TensorKernel:
     """An op whose kernels take its tensors where they lie rather than a tiling record (the general read, whose
     list input has one row stride per tensor), so the launcher plans nothing for it. Eager and the local GE
-    both call `run(inputs, attrs, outputs)`: the inputs in prototype order (a list for a dynamic input, None
-    for an absent optional one), the attributes bound by the prototype, the output metas its InferShape gave;
-    it returns the outputs in prototype order (a list for a dynamic output)."""
+    both call `run(inputs, attrs, outputs, allocate)`: the inputs in prototype order (a list for a dynamic
+    input, None for an absent optional one), the attributes bound by the prototype, the output metas its
+    InferShape gave, and `allocate(shape, dtype)` for fresh outputs (the caller's allocator: the C++ entry's
+    huge-page pool); it returns the outputs in prototype order (a list for a dynamic output)."""
 
     prototype: OpPrototype
     run: Callable[..., list]
