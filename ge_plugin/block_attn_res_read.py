@@ -14,20 +14,44 @@ forward called without save_statistics whose result needs a gradient raises.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import torch
 
 from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.op_common import LIBRARY
 from attnres_ge.ge_plugin.ops import NAMESPACE, TENSOR_OPS
 from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
+from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, input_signature
 from attnres_ge.op_proto.op_def import WHERE_EAGER, WHERE_FAKE, Checker
 
 READ, READ_GRAD = READ_KERNEL.prototype, READ_GRAD_KERNEL.prototype
 
 
+_validated_lock = threading.Lock()
+_validated: OrderedDict[tuple, tuple] = OrderedDict()  # eager input signature -> (attributes, output metas)
+
+
 def _checked(proto, tensors: tuple, keywords: dict, where: str):
-    """(bound attributes, output metas) after the prototype's validation."""
-    return proto.check(proto.input_metas(tensors, where), keywords, where)
+    """(bound attributes, output metas) after the prototype's validation; an eager call's result is kept per
+    input signature (as the launcher keeps its plans), which at decode sizes is most of the call's time."""
+    if where != WHERE_EAGER:
+        return proto.check(proto.input_metas(tensors, where), keywords, where)
+    try:
+        key = input_signature(proto, tensors, keywords)
+    except AttributeError:  # not a tensor where one belongs: the validation names it
+        key = None
+    with _validated_lock:
+        checked = _validated.get(key) if key is not None else None
+    if checked is None:
+        checked = proto.check(proto.input_metas(tensors, where), keywords, where)
+        with _validated_lock:
+            if key is not None:
+                _validated[key] = checked
+                if len(_validated) > PLAN_CACHE_SIZE:
+                    _validated.popitem(last=False)
+    return checked
 
 
 def read_eager(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):

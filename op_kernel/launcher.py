@@ -62,13 +62,23 @@ class ShapePlan:
         return record, self.tiling.workspace_size, [(meta.shape, meta.dtype) for meta in self.outputs], updated
 
 
-def _signature(proto: OpPrototype, tensors: Sequence[torch.Tensor], attrs: Mapping) -> tuple:
+def input_signature(proto: OpPrototype, tensors: Sequence, attrs: Mapping) -> tuple:
+    """What a validation or a plan depends on: each input's shape, dtype and device (a list's, element by
+    element; None for an absent optional input) and the attributes. AttributeError for a non-tensor."""
     # The attribute's type is part of the key: True == 1 must not reuse a plan validated for a bool.
     return (
         proto.op_type,
-        *[(t.shape, t.dtype, t.device) for t in tensors],
+        *[_tensor_key(value) for value in tensors],
         *[(name, type(value), value) for name, value in attrs.items()],
     )
+
+
+def _tensor_key(value) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(_tensor_key(item) for item in value) if value else ("empty list",)
+    return value.shape, value.dtype, value.device
 
 
 class HostRuntime:
@@ -95,7 +105,7 @@ class HostRuntime:
         """Validate (InferDataType/InferShape, errors say `where`) and tile, once per input signature."""
         proto = op.prototype
         try:
-            key = _signature(proto, tensors, attrs)
+            key = input_signature(proto, tensors, attrs)
         except AttributeError:  # not a tensor where one belongs: say which
             proto.check_tensors(tensors, where)
             raise

@@ -172,3 +172,16 @@ def test_weights_are_returned_without_derivative():
     assert out.requires_grad and not weights.requires_grad
     with pytest.raises(RuntimeError, match="does not require grad"):
         weights.sum().backward()
+
+
+def test_a_remembered_validation_still_refuses_other_inputs():
+    """Eager calls keep their validation per input signature: a call differing in a dtype, a shape, the list's
+    length or an attribute is validated afresh."""
+    sources = make_sources(3, 16, 2, torch.float32)
+    torch.ops.attnres.block_attn_res_read(sources, torch.randn(1, 16))
+    with pytest.raises(AttnResInputError, match="sources\\[1\\]"):
+        torch.ops.attnres.block_attn_res_read([sources[0], sources[1].half()], torch.randn(1, 16))
+    with pytest.raises(AttnResInputError, match="sources\\[2\\]"):
+        torch.ops.attnres.block_attn_res_read([*sources, sources[0][:2]], torch.randn(1, 16))
+    with pytest.raises(AttnResInputError, match="eps"):
+        torch.ops.attnres.block_attn_res_read(sources, torch.randn(1, 16), eps=0.0)
