@@ -1,5 +1,5 @@
 """The user docs (README.md and docs/*.md; docs/notes/ holds lab notes and is not counted) stay short and
-cite only what the repository holds: the README is at most 200 lines and the user docs at most 1700 in
+cite only what the repository holds: the README is at most 200 lines and the user docs at most 1750 in
 all; every repository path they cite (in backticks, or as a relative link) exists; every relative link's
 target and anchor exist; and none points into docs/notes/.
 
@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 200
-USER_DOCS_MAX_LINES = 1700
+USER_DOCS_MAX_LINES = 1750
 
 
 def tracked_top_level() -> set[str]:
