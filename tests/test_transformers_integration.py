@@ -23,6 +23,7 @@ import torch
 from test_general_read_peers import assert_within_float32, float32_leaves
 from test_general_read_reference import _missing, float32_math_in_float64
 
+import attnres_ge
 from attnres_ge.integrations import transformers as integration
 from attnres_ge.op_kernel.reference import max_violation
 
@@ -265,3 +266,32 @@ def test_op_against_inkling2_module_float64(inkling2, queries):
     for name, grad, wanted in zip(("block_states", "partial_block_states", "query"), grads, expected_grads,
                                   strict=True):
         assert_within_float32(f"grad {name}", grad, wanted, whole_tensor=True)  # as docs/contract.md states
+
+
+def test_compiled_by_the_local_ge_equals_eager_bit_for_bit(inkling2):
+    """torch.compile(backend=attnres_ge) of a patched Inkling2 model (the Loop variant's reads are the same
+    module's): every read a BlockAttnResRead node of the local GE, the logits and every parameter gradient the
+    same bits as eager."""
+    swapped = Swapped("inkling2")
+    ids = token_ids(2)
+
+    def step(run):  # the compiled module shares swapped.model's parameters
+        swapped.model.zero_grad()
+        output = run(ids, labels=ids)
+        output.loss.backward()
+        return output.logits.detach(), {name: p.grad.clone() for name, p in swapped.model.named_parameters()
+                                        if p.grad is not None}
+
+    want_logits, want_grads = step(swapped.model)
+    backend = attnres_ge.ge_backend()
+    torch._dynamo.reset()
+    try:
+        got_logits, got_grads = step(torch.compile(swapped.model, backend=backend))
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got_logits, want_logits)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in got_grads.items():
+        assert torch.equal(grad, want_grads[name]), name
+    node_types = [op.type for graph in backend.graphs for op in graph.op]
+    assert node_types.count("BlockAttnResRead") == node_types.count("BlockAttnResReadGrad") == len(swapped.reads)
