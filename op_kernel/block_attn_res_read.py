@@ -18,7 +18,6 @@ names; the Python one here computes in float64 (the oracle).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -127,13 +126,7 @@ def _float32_parameter(tensor: torch.Tensor | None, rows: int | None = None) -> 
 
 
 def _kernel_scalars(attrs: dict) -> tuple:
-    return _float32_attributes(attrs["eps"], attrs["output_eps"], attrs["scale"]) + (attrs["normalize_values"],)
-
-
-@functools.lru_cache(maxsize=256)
-def _float32_attributes(*values: float) -> tuple[float, ...]:
-    """The Float attributes rounded to float32 as GE stores them (remembered: the rounding costs a tensor each)."""
-    return tuple(float32(value) for value in values)
+    return float32(attrs["eps"]), float32(attrs["output_eps"]), float32(attrs["scale"]), attrs["normalize_values"]
 
 
 def _kept(tensor: torch.Tensor) -> torch.Tensor | None:

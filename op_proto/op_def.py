@@ -14,6 +14,7 @@ torch.compile) or -1 for a dimension GE does not know until run time.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -109,7 +110,11 @@ def rows_of(blocks):
 
 def float32(value: float) -> float:
     """`value` rounded to float32 as GE and the kernels store it (inf past float32's range, never an error)."""
-    return torch.tensor(float(value), dtype=torch.float64).to(torch.float32).item()
+    value = float(value)
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:  # struct refuses exactly where the rounding gives an infinity
+        return math.copysign(math.inf, value)
 
 
 def format_shape(shape: Sequence) -> str:
