@@ -40,8 +40,8 @@ Three paths compute a read, with the same results within docs/contract.md's tole
   reads without grad.
 - two-phase (inference): when a seal names the readers that will read before the next seal, one
   `torch.ops.attnres.block_attn_res_prepare` scores the snapshots for all of them, and each read is one
-  `torch.ops.attnres.block_attn_res_update` whose delta is what was accumulated since the previous read. An
-  output norm is applied after the update (`F.rms_norm`: a second pass over [..., H], not fused).
+  `torch.ops.attnres.block_attn_res_update` whose delta is what was accumulated since the previous read; with
+  an output norm, `torch.ops.attnres.block_attn_res_update_norm`, the update that stores h normed (one pass).
 
 Storage, and why it differs with grad mode:
 
@@ -69,7 +69,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 import attnres_ge.ge_plugin  # noqa: F401  (defines the torch ops)
 from attnres_ge.api import BlockAttnRes
@@ -243,7 +242,7 @@ class ResidualStream:
                                "output before reading (a seal leaves no live tensor, and no read sees a zero row)")
         norm = _output_norm(output_norm, self.shape[-1], mixer.norm_eps, self.live.device)
         if self.span is not None:
-            return self._normed(self._read_two_phase(mixer), norm)
+            return self._read_two_phase(mixer, norm)
         if norm is None and isinstance(mixer, BlockAttnRes):
             if self.num_sealed == 0:
                 return self._read_live_alone(mixer)
@@ -265,14 +264,6 @@ class ResidualStream:
             hidden = fused_attnres(mixer.proj_weight, sources, mixer.norm_weight, weight, mixer.norm_eps,
                                    output_rms_eps=eps)
         return hidden.to(self.activation_dtype)
-
-    def _normed(self, hidden: torch.Tensor, norm: _OutputNorm | None) -> torch.Tensor:
-        """The two-phase read's output norm: float32 math rounded once, as the general read's (a second pass)."""
-        if norm is None:
-            return hidden
-        size = self.shape[-1]
-        weight = norm.weight.reshape(size) if norm.weight.numel() == size else norm.weight
-        return F.rms_norm(hidden.float(), (size,), weight.float(), norm.eps_for(hidden.dtype)).to(hidden.dtype)
 
     def accumulate(self, out: torch.Tensor) -> None:
         """live = out right after a seal (or at the start), else live + out; `out` is [..., H] like the embeddings."""
@@ -452,7 +443,7 @@ class ResidualStream:
             self.live.add_(self.pending)
             self.pending = None
 
-    def _read_two_phase(self, mixer: BlockAttnRes) -> torch.Tensor:
+    def _read_two_phase(self, mixer: BlockAttnRes, norm: _OutputNorm | None) -> torch.Tensor:
         span, slot = self.span, self.span.next_reader
         if slot >= len(span.readers) or span.readers[slot] is not mixer:
             expected = "no further read" if slot >= len(span.readers) else f"readers[{slot}] ({span.readers[slot]!r})"
@@ -463,6 +454,13 @@ class ResidualStream:
         if delta is None:  # two reads with nothing accumulated between them
             delta = torch.zeros(self.shape, dtype=self.activation_dtype, device=self.live.device)
         self.pending = None
-        h = torch.ops.attnres.block_attn_res_update(self.flat_live, self._flat(delta, self.shape[-1]),
-                                                    *span.reader_states[slot], eps=mixer.norm_eps)
+        size = self.shape[-1]
+        delta = self._flat(delta, size)
+        if norm is None:
+            h = torch.ops.attnres.block_attn_res_update(self.flat_live, delta, *span.reader_states[slot],
+                                                        eps=mixer.norm_eps)
+        else:
+            h = torch.ops.attnres.block_attn_res_update_norm(
+                self.flat_live, delta, *span.reader_states[slot], norm.weight.reshape(size), eps=mixer.norm_eps,
+                output_eps=norm.eps_for(delta.dtype))
         return h if h.dim() == len(self.shape) else h.reshape(self.shape)

@@ -9,6 +9,7 @@ import importlib
 
 from attnres_ge.ge_plugin.backend import ge_backend, register_dynamo_backend
 from attnres_ge.ge_plugin.block_attn_res_read import define_read_ops
+from attnres_ge.ge_plugin.block_attn_res_update_norm import define_update_norm_op
 from attnres_ge.ge_plugin.converters import register_torchair_converters
 from attnres_ge.ge_plugin.npu import register_npu_kernels
 from attnres_ge.ge_plugin.op_common import define_op
@@ -20,6 +21,7 @@ for _op in OPS:  # after every op is defined: an op's derivative may call anothe
     if _op.autograd is not None:
         importlib.import_module(_op.autograd)
 define_read_ops()
+define_update_norm_op()
 
 register_npu_kernels()
 register_torchair_converters()

@@ -14,55 +14,27 @@ forward called without save_statistics whose result needs a gradient raises.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import torch
 
 from attnres_ge.ge_plugin import cpp_entry
 from attnres_ge.ge_plugin.op_common import LIBRARY
-from attnres_ge.ge_plugin.ops import NAMESPACE, TENSOR_OPS
+from attnres_ge.ge_plugin.ops import NAMESPACE, READ_GRAD_OP, READ_OP
+from attnres_ge.ge_plugin.tensor_op_common import checked_call, require_cpu
 from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
-from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, input_signature
 from attnres_ge.op_proto.op_def import WHERE_EAGER, WHERE_FAKE, Checker
 
 READ, READ_GRAD = READ_KERNEL.prototype, READ_GRAD_KERNEL.prototype
 
 
-_validated_lock = threading.Lock()
-_validated: OrderedDict[tuple, tuple] = OrderedDict()  # eager input signature -> (attributes, output metas)
-
-
-def _checked(proto, tensors: tuple, keywords: dict, where: str):
-    """(bound attributes, output metas) after the prototype's validation; an eager call's result is kept per
-    input signature (as the launcher keeps its plans), which at decode sizes is most of the call's time."""
-    if where != WHERE_EAGER:
-        return proto.check(proto.input_metas(tensors, where), keywords, where)
-    try:
-        key = input_signature(proto, tensors, keywords)
-    except AttributeError:  # not a tensor where one belongs: the validation names it
-        key = None
-    with _validated_lock:
-        checked = _validated.get(key) if key is not None else None
-    if checked is None:
-        checked = proto.check(proto.input_metas(tensors, where), keywords, where)
-        with _validated_lock:
-            if key is not None:
-                _validated[key] = checked
-                if len(_validated) > PLAN_CACHE_SIZE:
-                    _validated.popitem(last=False)
-    return checked
-
-
 def read_eager(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
     tensors = (sources, query, key_norm_weight, output_norm_weight)
-    attrs, outputs = _checked(READ, tensors, keywords, WHERE_EAGER)
-    _on_cpu(READ.op_type, sources[0])
+    attrs, outputs = checked_call(READ, tensors, keywords, WHERE_EAGER)
+    require_cpu(READ.op_type, sources[0])
     return tuple(READ_KERNEL.run(tensors, attrs, outputs, cpp_entry.empty_output))
 
 
 def read_fake(sources, query, key_norm_weight=None, output_norm_weight=None, **keywords):
-    _, outputs = _checked(READ, (sources, query, key_norm_weight, output_norm_weight), keywords, WHERE_FAKE)
+    _, outputs = checked_call(READ, (sources, query, key_norm_weight, output_norm_weight), keywords, WHERE_FAKE)
     return tuple(sources[0].new_empty(meta.shape, dtype=meta.dtype) for meta in outputs)
 
 
@@ -70,8 +42,8 @@ def read_backward_eager(grad_hidden_states, sources, query, inv_norm, probs, out
                         output_norm_weight=None, **keywords):
     tensors = (grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight,
                output_norm_weight)
-    attrs, outputs = _checked(READ_GRAD, tensors, keywords, WHERE_EAGER)
-    _on_cpu(READ_GRAD.op_type, sources[0])
+    attrs, outputs = checked_call(READ_GRAD, tensors, keywords, WHERE_EAGER)
+    require_cpu(READ_GRAD.op_type, sources[0])
     return tuple(READ_GRAD_KERNEL.run(tensors, attrs, outputs, cpp_entry.empty_output))
 
 
@@ -79,15 +51,10 @@ def read_backward_fake(grad_hidden_states, sources, query, inv_norm, probs, outp
                        output_norm_weight=None, **keywords):
     tensors = (grad_hidden_states, sources, query, inv_norm, probs, output_inv_rms, key_norm_weight,
                output_norm_weight)
-    _, (grad_source_meta, *weight_metas) = _checked(READ_GRAD, tensors, keywords, WHERE_FAKE)
+    _, (grad_source_meta, *weight_metas) = checked_call(READ_GRAD, tensors, keywords, WHERE_FAKE)
     new = sources[0].new_empty
     return ([new(grad_source_meta.shape, dtype=grad_source_meta.dtype) for _ in sources],
             *(new(meta.shape, dtype=meta.dtype) for meta in weight_metas))
-
-
-def _on_cpu(op_type: str, tensor: torch.Tensor) -> None:
-    if tensor.device.type != "cpu":
-        Checker(op_type, WHERE_EAGER).fail(f"the host kernels run CPU tensors only, got tensors on {tensor.device}")
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
@@ -117,10 +84,9 @@ def _backward(ctx, grad_hidden_states, *unused_statistics_grads):
 
 
 def define_read_ops() -> None:
-    read, read_grad = TENSOR_OPS
-    for op, eager, fake in ((read, read_eager, read_fake), (read_grad, read_backward_eager, read_backward_fake)):
+    for op, eager, fake in ((READ_OP, read_eager, read_fake), (READ_GRAD_OP, read_backward_eager, read_backward_fake)):
         LIBRARY.define(op.name + op.schema())
         LIBRARY.impl(op.name, eager, "CPU")
         torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=LIBRARY)
-    torch.library.register_autograd(f"{NAMESPACE}::{read.name}", _backward, setup_context=_setup_context,
+    torch.library.register_autograd(f"{NAMESPACE}::{READ_OP.name}", _backward, setup_context=_setup_context,
                                     lib=LIBRARY)

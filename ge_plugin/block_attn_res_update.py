@@ -15,22 +15,7 @@ overlap).
 
 from __future__ import annotations
 
-import torch
-
-from attnres_ge.ge_plugin.op_common import register_gradient_in_python
+from attnres_ge.ge_plugin.op_common import register_inference_only
 from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_UPDATE as OP
-from attnres_ge.op_proto.op_def import WHERE_EAGER, Checker
 
-
-def refuse_gradients(*arguments) -> None:
-    """The op has no derivative (CANN's has none either): a call that would need one (the op's arguments,
-    in schema order) fails, naming the inputs that require a gradient."""
-    needing = [name for name, value in zip(OP.prototype.input_names(), arguments, strict=False)
-               if isinstance(value, torch.Tensor) and value.requires_grad]
-    Checker(OP.op_type, WHERE_EAGER).fail(
-        f"the op is inference-only (no gradient), but {', '.join(needing)} "
-        f"{'requires' if len(needing) == 1 else 'require'} grad; call it under "
-        "torch.no_grad() or on detached tensors")
-
-
-register_gradient_in_python(OP.name, refuse_gradients)
+register_inference_only(OP.name, OP.prototype)

@@ -7,14 +7,14 @@ Ascend machine. It takes the torch op's arguments (the prototype's inputs, then 
 and returns the graph tensors the torch op returns (all outputs but the reference ones).
 
 Local (always): `local_converters()` maps each torch op overload to its converter bound to this
-package's `ge` module: every op of the registry (ge_plugin/ops.py) and the tensor ops (the read,
-ops.TENSOR_OPS), plus CANN's `cann_ops_transformer` op of the same name when that library is
-loaded (looked up at each call, so loading it later still counts).
+package's `ge` module: every op of the registry (ge_plugin/ops.py) and the tensor ops (the read and
+the update with a fused norm, ops.TENSOR_OPS), plus CANN's `cann_ops_transformer` op of the same name
+when that library is loaded (looked up at each call, so loading it later still counts).
 
 torchair (when `import torchair` succeeds): `register_torchair_converters()` registers the same
 converters, bound to `torchair.ge`, with `torchair.register_fx_node_ge_converter(op)`, but for the
-tensor ops: CANN's GE has no BlockAttnResRead, so the read's torchair converters
-(ge_plugin/read_torchair.py) emit CANN's ops for CANN's case and refuse the others. It runs
+tensor ops: CANN's GE has no BlockAttnResRead nor BlockAttnResUpdateNorm, so their torchair converters
+(ge_plugin/read_torchair.py) emit CANN's ops (for the read: in CANN's case; the others are refused). It runs
 once at import of this package and can be called again after torchair is imported later.
 """
 
@@ -34,7 +34,11 @@ import torch
 from attnres_ge.ge_plugin import ge as local_ge
 from attnres_ge.ge_plugin import ops
 from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, TorchOp
-from attnres_ge.ge_plugin.read_torchair import make_read_converter, make_read_grad_converter
+from attnres_ge.ge_plugin.read_torchair import (
+    make_read_converter,
+    make_read_grad_converter,
+    make_update_norm_converter,
+)
 from attnres_ge.op_proto.op_def import ATTR_KINDS
 
 
@@ -145,16 +149,17 @@ def register_torchair_converters(torchair: ModuleType | None = None) -> list:
 
 def _torchair_converters(torchair: ModuleType) -> list[tuple[object, Callable]]:
     """(torch op overload, converter emitting through torchair) for every op loaded now: the registry's
-    through torchair.ge, the read's through CANN's ops (torchair's GE op builders, ge_apis)."""
+    through torchair.ge, the tensor ops' through CANN's ops (torchair's GE op builders, ge_apis)."""
     pairs = [(op, make(torchair.ge)) for op, make in _converter_makers()]
     def raw_ops() -> ModuleType:  # looked up when a read is converted: torchair's GE op builders
         return importlib.import_module(f"{torchair.__name__}._ge_concrete_graph.ge_apis")
 
-    read, read_grad = ops.TENSOR_OPS
     forward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS, torchair.ge)
     backward = make_converter(ops.BLOCK_ATTENTION_RESIDUALS_GRAD, torchair.ge)
-    reads = [(_overload(NAMESPACE, read.name), make_read_converter(raw_ops, forward)),
-             (_overload(NAMESPACE, read_grad.name), make_read_grad_converter(raw_ops, backward))]
+    update = make_converter(ops.BLOCK_ATTN_RES_UPDATE, torchair.ge)
+    reads = [(_overload(NAMESPACE, ops.READ_OP.name), make_read_converter(raw_ops, forward)),
+             (_overload(NAMESPACE, ops.READ_GRAD_OP.name), make_read_grad_converter(raw_ops, backward)),
+             (_overload(NAMESPACE, ops.UPDATE_NORM_OP.name), make_update_norm_converter(raw_ops, update))]
     return pairs + [(op, convert) for op, convert in reads if op is not None]
 
 

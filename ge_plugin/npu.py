@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnres_ge.ge_plugin.ops import CANN_NAMESPACE, NAMESPACE, OPS
+from attnres_ge.ge_plugin.ops import BLOCK_ATTN_RES_UPDATE, CANN_NAMESPACE, NAMESPACE, OPS, UPDATE_NORM_OP
 
 _warmed_devices: set[torch.device] = set()
 _warm_lock = threading.Lock()
@@ -54,8 +54,22 @@ def make_npu_kernel(cann_op: Callable) -> Callable:
     return kernel
 
 
+def update_then_norm(cann_update: Callable) -> Callable:
+    """BlockAttnResUpdateNorm on an NPU, where CANN has no fused kernel: CANN's update, then the RMSNorm in float32
+    of its h (rounded once more than on the CPU, as torchair's graph of the op is)."""
+
+    def update_norm(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, output_norm_weight, *,
+                    eps=1e-6, output_eps=1e-6):
+        h = cann_update(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, eps=eps)
+        normed = torch.nn.functional.rms_norm(h.float(), (h.shape[-1],), output_norm_weight.float(), output_eps)
+        return normed.to(h.dtype)
+
+    return update_norm
+
+
 def register_npu_kernels() -> bool:
-    """Register an NPU kernel for every op of the registry that CANN ships; False when none was (off Ascend)."""
+    """Register an NPU kernel for every op of the registry that CANN ships (and for the update with a fused norm, on
+    CANN's update); False when none was (off Ascend)."""
     if "torch_npu" not in sys.modules:
         return False
     try:
@@ -64,6 +78,8 @@ def register_npu_kernels() -> bool:
         cann_ops = {op.name: getattr(cann, op.name) for op in OPS if hasattr(cann, op.name)}
     except (ImportError, AttributeError, RuntimeError):
         return False
+    if BLOCK_ATTN_RES_UPDATE.name in cann_ops:
+        cann_ops[UPDATE_NORM_OP.name] = update_then_norm(cann_ops[BLOCK_ATTN_RES_UPDATE.name])
     for name, cann_op in cann_ops.items():
         torch.library.register_kernel(f"{NAMESPACE}::{name}", "npu", make_npu_kernel(cann_op))
     return bool(cann_ops)

@@ -28,6 +28,7 @@ from attnres_ge.op_kernel import KERNELS, OpKernel
 from attnres_ge.op_kernel.host_memory import huge_page_min_bytes
 from attnres_ge.op_kernel.launcher import PLAN_CACHE_SIZE, default_runtime
 from attnres_ge.op_proto import WHERE_EAGER, WHERE_FAKE, OpPrototype
+from attnres_ge.op_proto.op_def import Checker
 
 LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -146,6 +147,21 @@ def _implementations(op: TorchOp) -> tuple[Callable, Callable]:
         return returned(fake_outputs(proto, tensors, attrs))
 
     return eager, fake
+
+
+def register_inference_only(op_name: str, proto: OpPrototype) -> None:
+    """The Autograd kernel of attnres::<op_name>, an op with no derivative (CANN's update has none either): a call
+    that would need one fails, naming the inputs that require a gradient, instead of silently returning none."""
+
+    def refuse_gradients(*arguments) -> None:
+        needing = [name for name, value in zip(proto.input_names(), arguments, strict=False)
+                   if isinstance(value, torch.Tensor) and value.requires_grad]
+        Checker(proto.op_type, WHERE_EAGER).fail(
+            f"the op is inference-only (no gradient), but {', '.join(needing)} "
+            f"{'requires' if len(needing) == 1 else 'require'} grad; call it under "
+            "torch.no_grad() or on detached tensors")
+
+    register_gradient_in_python(op_name, refuse_gradients)
 
 
 def register_gradient_in_python(op_name: str, on_gradient: Callable) -> None:

@@ -21,6 +21,7 @@ from attnres_ge.op_kernel.block_attention_residuals_grad import KERNEL as BACKWA
 from attnres_ge.op_kernel.block_attn_res_prepare import KERNEL as PREPARE_KERNEL
 from attnres_ge.op_kernel.block_attn_res_read import READ_GRAD_KERNEL, READ_KERNEL
 from attnres_ge.op_kernel.block_attn_res_update import KERNEL as UPDATE_KERNEL
+from attnres_ge.op_kernel.block_attn_res_update_norm import UPDATE_NORM_KERNEL
 from attnres_ge.op_kernel.kernel_spec import TensorKernel
 from attnres_ge.op_proto import OpPrototype
 
@@ -129,14 +130,15 @@ OPS: tuple[TorchOp, ...] = (
 )
 
 
-# Ops whose kernels take their tensors where they lie (a TensorKernel: the general read, whose Tensor[] input is
-# read in place), so nothing of the registry's per-signature machinery (op_common, the launcher's plans, the C++
-# entry, the benchmark) applies to them. ge_plugin/block_attn_res_read.py defines their torch ops; the local GE
-# and the converters take them from here with the registry's ops.
-TENSOR_OPS: tuple[TorchOp, ...] = (
-    TorchOp(READ_KERNEL, "block_attn_res_read", keyword_only_attrs=True, named_outputs=True),
-    TorchOp(READ_GRAD_KERNEL, "block_attn_res_read_backward", keyword_only_attrs=True, named_outputs=True),
-)
+# Ops whose kernels take their tensors where they lie (a TensorKernel), this package's own (CANN has none), so
+# nothing of the registry's per-signature machinery (op_common, the C++ entry, the benchmark) applies to them:
+# the general read, whose Tensor[] input is read in place, and the two-phase update with a fused output norm,
+# which runs the update's plans itself. Their modules define their torch ops (block_attn_res_read.py,
+# block_attn_res_update_norm.py); the local GE and the converters take them from here with the registry's ops.
+READ_OP = TorchOp(READ_KERNEL, "block_attn_res_read", keyword_only_attrs=True, named_outputs=True)
+READ_GRAD_OP = TorchOp(READ_GRAD_KERNEL, "block_attn_res_read_backward", keyword_only_attrs=True, named_outputs=True)
+UPDATE_NORM_OP = TorchOp(UPDATE_NORM_KERNEL, "block_attn_res_update_norm", keyword_only_attrs=True)
+TENSOR_OPS: tuple[TorchOp, ...] = (READ_OP, READ_GRAD_OP, UPDATE_NORM_OP)
 
 
 def op_for_type(op_type: str) -> TorchOp:

@@ -16,6 +16,10 @@ read does not save)
     grad_block_res --Split(axis=1)--> Squeeze(axis=1) each: grad_sources[:-1]; grad_partial_block the last
     the weight gradients Cast to float32 (the read's dtype for them); no output norm: an empty Const
 
+The two-phase update with a fused output norm (BlockAttnResUpdateNorm, also this package's own) becomes CANN's
+update and RmsNorm: BlockAttnResUpdate(...) -> h, RmsNorm(h, output_norm_weight, epsilon=output_eps) -> normed h
+(h rounded to delta's dtype between the two, where the fused op rounds once); the weight must be in delta's dtype.
+
 The nodes of CANN's ops come through the registry's converters (make_converter, bound to torchair.ge); the
 others (Pack, Split, Squeeze, Unsqueeze, RmsNorm, Cast, Const) are torchair's own GE op builders, `raw` here
 (torchair._ge_concrete_graph.ge_apis), which `raw_ops()` gives at conversion time, so that this module never
@@ -30,6 +34,7 @@ from types import ModuleType
 from attnres_ge.op_proto.block_attention_residuals import MAX_BLOCKS, MIN_BLOCKS
 
 READ_TYPE, READ_GRAD_TYPE = "BlockAttnResRead", "BlockAttnResReadGrad"
+UPDATE_NORM_TYPE = "BlockAttnResUpdateNorm"
 CANN_CASE = (f"one query, a key-norm weight, raw values, scale 1, {MIN_BLOCKS + 1} to {MAX_BLOCKS + 1} sources, "
              "every tensor in the sources' dtype")
 
@@ -126,3 +131,20 @@ def make_read_grad_converter(raw_ops: Callable[[], ModuleType], backward: Callab
         return grad_sources, *as_float32, _empty(raw)
 
     return convert_block_attn_res_read_backward
+
+
+def make_update_norm_converter(raw_ops: Callable[[], ModuleType], update: Callable) -> Callable:
+    """The torchair converter of attnres.block_attn_res_update_norm; `update` is BlockAttnResUpdate's."""
+
+    def convert_block_attn_res_update_norm(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum,
+                                           output_norm_weight, *, eps=1e-6, output_eps=1e-6, meta_outputs=None):
+        if output_norm_weight.dtype != delta.dtype:  # RmsNorm takes gamma in x's dtype
+            raise TorchairReadError(
+                f"{UPDATE_NORM_TYPE} under torchair: CANN's RmsNorm needs output_norm_weight in delta's dtype "
+                f"({delta.dtype}), got {output_norm_weight.dtype}. Cast the weight, or compile with "
+                "backend='attnres_ge'")
+        h = update(partial_block, delta, pseudo_query, numerator, logit_max, exp_sum, eps=eps)
+        normed, _ = raw_ops().RmsNorm(h, output_norm_weight, epsilon=output_eps)
+        return normed
+
+    return convert_block_attn_res_update_norm

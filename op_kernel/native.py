@@ -264,3 +264,17 @@ def read_backward(grad_out, sources, query, key_norm_weight, output_norm_weight,
                           addresses, strides, [_optional_address(t) for t in tensors],
                           [grad.data_ptr() for grad in grad_sources], (eps, output_eps, scale),
                           bool(normalize_values), torch.get_num_threads())
+
+
+# ------------------------------------------------------- BlockAttnResUpdateNorm, the update with a fused norm
+# The update's kernel on the update's launch record, with the norm's weight; the caller
+# (op_kernel/block_attn_res_update_norm.py) passes the tensors the record was planned for.
+
+def update_norm(launch: Launch, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                output_norm_weight: torch.Tensor, output_eps: float) -> None:
+    """BlockAttnResUpdate's `launch` on `inputs` and `outputs` ([partial_out, h]), with h normed by the RMSNorm
+    of weight `output_norm_weight` ([D] contiguous float32) and `output_eps` (used rounded to float32)."""
+    _check_tensor("BlockAttnResUpdateNorm", "output_norm_weight", output_norm_weight, torch.float32,
+                  outputs[1].shape[-1])
+    _native.update_norm(launch.record, [tensor.data_ptr() for tensor in inputs], [_address(t) for t in outputs],
+                        output_norm_weight.data_ptr(), output_eps, torch.get_num_threads())

@@ -33,15 +33,16 @@ EXP_SUM = TensorArg("exp_sum", FLOAT32_ONLY, "[T]")
 INPUTS = (PARTIAL_BLOCK, DELTA, PSEUDO_QUERY, NUMERATOR, LOGIT_MAX, EXP_SUM)
 
 
-def infer_data_type(inputs, attrs, where):
-    check = Checker(OP_TYPE, where)
+def infer_data_type(inputs, attrs, where, op_type=OP_TYPE):
+    """The update's outputs' dtypes; `op_type` names the op in errors (BlockAttnResUpdateNorm checks the same)."""
+    check = Checker(op_type, where)
     for arg in INPUTS:
         check.dtype_in(arg.name, inputs[arg.name], arg.accepted_dtypes)
     return {"partial_block": inputs["partial_block"].dtype, "h": inputs["delta"].dtype}
 
 
-def infer_shape(inputs, attrs, where):
-    check = Checker(OP_TYPE, where)
+def infer_shape(inputs, attrs, where, op_type=OP_TYPE):
+    check = Checker(op_type, where)
     check.same_device(inputs)
     tokens, hidden = check.shape("partial_block", inputs["partial_block"], ("T", "D"), (None, None))
     check.dim_in_range("partial_block", "D", "hidden size", hidden, MIN_HIDDEN, MAX_HIDDEN)

@@ -64,8 +64,8 @@ def test_the_example_prints_tokens_and_time_per_token(capsys):
     ids=["two-phase", "per-layer"])
 def test_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path, two_phase):
     """Under attnres_ge's backend, in one graph per call, the stream's two-phase reads are BlockAttnResPrepare/
-    BlockAttnResUpdate nodes; the example model's per-layer reads fuse its RMSNorms, so they are general reads,
-    BlockAttnResRead nodes."""
+    BlockAttnResUpdateNorm nodes (the example model fuses its RMSNorms into the reads); its per-layer reads are
+    general reads, BlockAttnResRead nodes."""
     torch._dynamo.reset()
     model, prompt = model_and_prompt(two_phase)
     backend = attnres_ge.ge_backend(dump_path=str(tmp_path))
@@ -75,7 +75,7 @@ def test_generation_in_graph_mode_equals_eager_bit_for_bit(tmp_path, two_phase):
         for tokens in (prompt, prompt[:, :1], prompt[:, 1:2]):  # the prefill, then two decode steps
             assert torch.equal(compiled(tokens, graph_caches), model(tokens, eager_caches))
     node_types = "".join(path.read_text() for path in tmp_path.glob("*.pbtxt"))
-    two_phase_nodes = 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdate"' in node_types
+    two_phase_nodes = 'type: "BlockAttnResPrepare"' in node_types and 'type: "BlockAttnResUpdateNorm"' in node_types
     assert two_phase_nodes == (two_phase is None)
     left = [node for graph in backend.fx_graphs for node in graph.graph.nodes
             if node.target is torch.ops.attnres.block_attn_res_read.default]

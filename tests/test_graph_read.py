@@ -14,11 +14,11 @@ from attnres_ge import fused_attnres
 from attnres_ge.ge_plugin import ge, ge_attr, ge_ir
 from attnres_ge.ge_plugin.converters import make_converter
 from attnres_ge.ge_plugin.local_ge import compile_graph
-from attnres_ge.ge_plugin.ops import TENSOR_OPS
+from attnres_ge.ge_plugin.ops import READ_GRAD_OP as READ_GRAD
+from attnres_ge.ge_plugin.ops import READ_OP as READ
 from attnres_ge.op_proto import AttnResInputError
 
 T, L, H = 5, 3, 8
-READ, READ_GRAD = TENSOR_OPS
 GE_DTYPE = {torch.float32: ge_ir.DT_FLOAT, torch.bfloat16: ge_ir.DT_BF16}
 
 

@@ -116,3 +116,19 @@ def test_each_device_is_warmed_up_once(fresh_process, monkeypatch):
 def test_no_npu_kernels_without_torch_npu(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     assert npu.register_npu_kernels() is False
+
+
+def test_update_norm_on_an_npu_is_cann_update_then_the_norm_in_float32():
+    """CANN has no fused update + norm: its update's h (bfloat16, as CANN's OpDef gives it) is normed in float32."""
+    h = torch.randn(T, H).bfloat16()
+    calls = []
+
+    def cann_update(*args, eps):
+        calls.append((len(args), eps))
+        return h
+
+    weight = torch.randn(H)
+    normed = npu.update_then_norm(cann_update)(*[None] * 6, weight, eps=1e-5, output_eps=1e-3)
+    assert calls == [(6, 1e-5)]
+    expected = torch.nn.functional.rms_norm(h.float(), (H,), weight, 1e-3).bfloat16()
+    assert normed.dtype == torch.bfloat16 and torch.equal(normed, expected)

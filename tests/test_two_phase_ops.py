@@ -658,7 +658,10 @@ def test_npu_dispatch_forwards_both_ops_to_canns_ops_of_the_same_name(monkeypatc
                         lambda name, device, kernel: registered.setdefault(name, (device, kernel)))
     monkeypatch.setattr(npu, "_warmed_devices", {torch.device("cpu")})  # no warm-up op in this test
     assert npu.register_npu_kernels()
-    assert set(registered) == {"attnres::block_attn_res_prepare", "attnres::block_attn_res_update"}
+    # the update with a fused norm runs CANN's update, then the norm (tests/test_npu_dispatch.py)
+    assert set(registered) == {"attnres::block_attn_res_prepare", "attnres::block_attn_res_update",
+                               "attnres::block_attn_res_update_norm"}
+    assert registered["attnres::block_attn_res_update_norm"][0] == "npu"
     block_res, queries = prepare_inputs(3, 2, 1, 8)
     valid = count(2)
     device, kernel = registered["attnres::block_attn_res_prepare"]

@@ -32,6 +32,9 @@ struct UpdateArgs : UpdateTilingData {
   const float* exp_sum;        // [T]
   float* partial_out;          // [T, D] out: partial_block + delta; may be partial_block itself
   void* h;                     // [T, D] out
+  // BlockAttnResUpdateNorm's output RMSNorm of h (its weight [D], float32; null: none, BlockAttnResUpdate).
+  const float* output_weight;
+  float output_eps;
 };
 
 // The kernel, on the selected instruction set (dispatch.cpp); max_threads as for the forward.

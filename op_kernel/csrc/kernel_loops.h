@@ -480,3 +480,50 @@ inline bool score_weight_is_float32(const float* w, const double* wide, int64_t 
   }
   return true;
 }
+
+// A float32 row [H] in the lane layout of T (lane_element), zero padded: [H_pad]. The rows the loops
+// combine with sources (loaded in that layout) must share it.
+template <typename T>
+inline void float_row_to_lane_layout(const float* row, int64_t hidden, float* out) {
+  for (int64_t group = 0; group < padded_hidden(hidden); group += kLanes) {
+    for (int lane = 0; lane < kLanes; ++lane) {
+      const int64_t h = group + lane_element<T>(lane);
+      out[group + lane] = h < hidden ? row[h] : 0.0f;
+    }
+  }
+}
+
+// The float64 lanes of sum_h a[h] * b[h] of two float rows (lane layout, zero padded), reduced.
+inline double float_row_dot(const float* a, const float* b, int64_t hidden_pad) {
+  D16 lanes = dzero();
+  for (int64_t h = 0; h < hidden_pad; h += kLanes) lanes = dfma(widen(vload(a + h)), widen(vload(b + h)), lanes);
+  return lane_sum(lanes);
+}
+
+// An RMSNorm's scale of a float row y (lane layout, zero padded to hidden_pad): 1 / sqrt(mean_h y^2 + eps),
+// the mean from float64 lanes, rounded to float32 (the general read's and the normed update's output norm).
+inline float inverse_rms(const float* y, int64_t hidden, int64_t hidden_pad, float eps) {
+  const double mean_square = float_row_dot(y, y, hidden_pad) / static_cast<double>(hidden);
+  return static_cast<float>(1.0 / std::sqrt(mean_square + static_cast<double>(eps)));
+}
+
+// out = (g * y) * rho from a float row y and a weight row g (both in the lane layout of T), or y itself
+// when g is null, rounded once to T. kStream: full groups go by streaming stores (out 32-byte aligned,
+// can_stream), so the output's lines are not read first.
+template <bool kStream, typename T>
+inline void store_normed_row(const float* y, const float* g, float rho, int64_t hidden, T* out) {
+  const V16 rho_v = vset(rho);
+  for (int64_t h = 0; h < hidden; h += kLanes) {
+    V16 o = vload(y + h);
+    if (g != nullptr) o = vmul(vmul(vload(g + h), o), rho_v);
+    if (h + kLanes <= hidden) {
+      if (kStream) {
+        vstream(out + h, o);
+      } else {
+        vstore(out + h, o);
+      }
+    } else {
+      vstore_partial(out + h, o, hidden - h);
+    }
+  }
+}

@@ -47,6 +47,7 @@ class KernelLaunch final : public LaunchRecord {
     const TorchTeamScope team(bytes_moved(args_), max_threads);
     run_kernel(args_, inputs, outputs, workspace, max_threads);
   }
+  const Args& args() const { return args_; }
 
  private:
   Args args_;

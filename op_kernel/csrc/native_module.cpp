@@ -10,6 +10,8 @@
 //   launch                            a launch record, data addresses, the thread limit -> the kernel
 //   read_forward, read_backward       BlockAttnResRead's kernels, called with their arguments (it has no
 //                                     tiling record: block_attn_res_read_args.h)
+//   update_norm                       BlockAttnResUpdateNorm's kernel: a BlockAttnResUpdate launch record's,
+//                                     with an output RMSNorm of h
 //   LANES, DTYPE_CODES                constants the Python side asserts it shares
 //   isa_path, available_isa_paths,    the instruction set the kernels run on (dispatch.h)
 //   known_isa_paths, select_isa_path
@@ -267,6 +269,48 @@ PyObject* read_backward(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// update_norm(record, inputs, outputs, output_weight, output_eps, max_threads): the kernel of a BlockAttnResUpdate
+// launch record (its 6 inputs and 2 outputs, as launch takes them) with h normed by the output RMSNorm of
+// weight [D] (float32, at address output_weight): BlockAttnResUpdateNorm, which has no record of its own.
+PyObject* update_norm(PyObject*, PyObject* args) {
+  PyObject *record, *inputs, *outputs, *weight;
+  float output_eps;
+  int max_threads;
+  if (!PyArg_ParseTuple(args, "OOOOfi", &record, &inputs, &outputs, &weight, &output_eps, &max_threads)) {
+    return nullptr;
+  }
+  auto* base = static_cast<const attnres::LaunchRecord*>(PyCapsule_GetPointer(record, attnres::kLaunchRecordCapsule));
+  if (base == nullptr) return nullptr;
+  auto* launch = dynamic_cast<const attnres::KernelLaunch<attnres::UpdateArgs>*>(base);
+  if (launch == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "update_norm: the launch record is not BlockAttnResUpdate's");
+    return nullptr;
+  }
+  std::vector<void*> input_addresses, output_addresses;
+  if (!addresses(inputs, "inputs must be a sequence of addresses", &input_addresses) ||
+      !addresses(outputs, "outputs must be a sequence of addresses", &output_addresses)) {
+    return nullptr;
+  }
+  if (input_addresses.size() != 6 || output_addresses.size() != 2) {
+    PyErr_Format(PyExc_ValueError, "update_norm: takes 6 inputs and 2 outputs, got %zu and %zu",
+                 input_addresses.size(), output_addresses.size());
+    return nullptr;
+  }
+  attnres::UpdateArgs kernel_args = launch->args();
+  kernel_args.output_weight = static_cast<const float*>(PyLong_AsVoidPtr(weight));
+  if (kernel_args.output_weight == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "update_norm: output_weight is a null address");
+    return nullptr;
+  }
+  kernel_args.output_eps = output_eps;
+  Py_BEGIN_ALLOW_THREADS {
+    const attnres::TorchTeamScope team(attnres::bytes_moved(kernel_args), max_threads);
+    run_kernel(kernel_args, input_addresses.data(), output_addresses.data(), nullptr, max_threads);
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
 PyObject* string_tuple(const std::vector<std::string>& names) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
   if (tuple == nullptr) return nullptr;
@@ -319,6 +363,7 @@ PyMethodDef kMethods[] = {
     {"launch", launch, METH_VARARGS, "run a launch record's kernel (call through op_kernel.native)"},
     {"read_forward", read_forward, METH_VARARGS, "BlockAttnResRead's forward kernel (call through op_kernel.native)"},
     {"read_backward", read_backward, METH_VARARGS, "BlockAttnResRead's backward kernel (call through op_kernel.native)"},
+    {"update_norm", update_norm, METH_VARARGS, "BlockAttnResUpdateNorm's kernel (call through op_kernel.native)"},
     {"isa_path", isa_path, METH_NOARGS, "the instruction set the kernels run on"},
     {"known_isa_paths", known_isa_paths, METH_NOARGS, "every instruction set path of this build"},
     {"available_isa_paths", available_isa_paths, METH_NOARGS, "the paths this CPU can run"},

@@ -33,18 +33,6 @@ constexpr int kReadDotRowsOneQuery = 4;
 constexpr int kReadMixQueries = 3;
 constexpr int kReadMixGroups = 2;
 
-// A float32 row [H] in the lane layout of T (lane_element), zero padded: [H_pad]. The rows the loops
-// combine with sources (loaded in that layout) must share it.
-template <typename T>
-inline void float_row_to_lane_layout(const float* row, int64_t hidden, float* out) {
-  for (int64_t group = 0; group < padded_hidden(hidden); group += kLanes) {
-    for (int lane = 0; lane < kLanes; ++lane) {
-      const int64_t h = group + lane_element<T>(lane);
-      out[group + lane] = h < hidden ? row[h] : 0.0f;
-    }
-  }
-}
-
 // The per-call rows derived from the weights, in the lane layout of T, zero padded to H_pad:
 // qw_s = q_s * w exact in float64 (pass 1's dots) and rounded once to float32 (the backward's pass 2),
 // and the output norm's weight rows.
@@ -239,13 +227,6 @@ inline void mix_coefficients(const float* p, const float* r, int64_t row_num, bo
   }
 }
 
-// The float64 lanes of sum_h a[h] * b[h] of two float rows (lane layout, zero padded), reduced.
-inline double float_row_dot(const float* a, const float* b, int64_t hidden_pad) {
-  D16 lanes = dzero();
-  for (int64_t h = 0; h < hidden_pad; h += kLanes) lanes = dfma(widen(vload(a + h)), widen(vload(b + h)), lanes);
-  return lane_sum(lanes);
-}
-
 // ---------------------------------------------------------------------------
 // Forward.
 
@@ -281,28 +262,12 @@ inline void read_softmax(const ReadShape& a, const double* squares, const double
 // streaming stores (out 32-byte aligned, can_stream), so the output's lines are not read first.
 template <bool kStream, typename T>
 inline float finish_output(const ReadShape& a, const ReadWeights<T>& weights, int64_t s, const float* y, T* out) {
-  const int64_t hidden = a.hidden;
-  float rho = 0.0f;
-  if (a.output_norm()) {
-    const double mean_square = float_row_dot(y, y, weights.hidden_pad) / static_cast<double>(hidden);
-    rho = static_cast<float>(1.0 / std::sqrt(mean_square + static_cast<double>(a.output_eps)));
+  if (!a.output_norm()) {
+    store_normed_row<kStream>(y, nullptr, 0.0f, a.hidden, out);
+    return 0.0f;
   }
-  const V16 rho_v = vset(rho);
-  const float* g = a.output_norm() ? weights.output_row(s) : nullptr;
-  int64_t h = 0;
-  for (; h < hidden; h += kLanes) {
-    V16 o = vload(y + h);
-    if (g != nullptr) o = vmul(vmul(vload(g + h), o), rho_v);
-    if (h + kLanes <= hidden) {
-      if (kStream) {
-        vstream(out + h, o);
-      } else {
-        vstore(out + h, o);
-      }
-    } else {
-      vstore_partial(out + h, o, hidden - h);
-    }
-  }
+  const float rho = inverse_rms(y, a.hidden, weights.hidden_pad, a.output_eps);
+  store_normed_row<kStream>(y, weights.output_row(s), rho, a.hidden, out);
   return rho;
 }
 
@@ -330,10 +295,22 @@ struct ReadForwardTask {
   bool stream;  // the output by streaming stores (stream_output)
 
   ReadForwardTask(const ReadForwardArgs& args, const ReadWeights<T>& w)
-      : a(args), weights(w), stream(stream_output<T>(args)), rows(args.rows), next(args.rows), queries(args.queries), square_lanes(args.rows),
-        dot_lanes(args.queries * args.rows), squares(args.rows), dots(args.queries * args.rows), r(args.rows), scores(args.rows),
-        inv_norm(args.rows), probs(args.queries * args.rows), coefficients(args.queries * args.rows),
-        y(args.queries * w.hidden_pad) {
+      : a(args),
+        weights(w),
+        rows(args.rows),
+        next(args.rows),
+        queries(args.queries),
+        square_lanes(args.rows),
+        dot_lanes(args.queries * args.rows),
+        squares(args.rows),
+        dots(args.queries * args.rows),
+        r(args.rows),
+        scores(args.rows),
+        inv_norm(args.rows),
+        probs(args.queries * args.rows),
+        coefficients(args.queries * args.rows),
+        y(args.queries * w.hidden_pad),
+        stream(stream_output<T>(args)) {
     for (int64_t s = 0; s < a.queries; ++s) queries[s] = weights.wide_row(s);
   }
 

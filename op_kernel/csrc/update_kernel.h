@@ -8,6 +8,9 @@
 //          beta = exp(score - m), total = exp_sum * alpha + beta (the C library's exp)
 //   pass 2 over the hidden tiles: h = numerator * (alpha / total) + p * (beta / total) in float32
 //          (a multiply, then a fused multiply-add), stored in delta's dtype
+//   with an output norm (BlockAttnResUpdateNorm): pass 2 keeps h in a float32 row of the task's (in the
+//          lane layout of delta's dtype), and h = (g * h) * rho, rho its inverse RMS, is stored from it as
+//          the general read stores its normed output (kernel_loops.h: inverse_rms, store_normed_row)
 // partial_out may be partial_block itself (the torch op updates it in place): pass 1 reads each group
 // of partial_block before it writes the same group, and pass 2 reads p back from partial_out, never
 // partial_block + delta again. The row of p is still in cache then; it is never streamed.
@@ -72,6 +75,19 @@ inline void merged_read(const float* numerator, const float* p, float a, float b
   }
 }
 
+// h over [h0, h1) of one token into a float32 row in the lane layout of T (full groups: the partial
+// group's padding is 0 * a + 0 * b = 0, as inverse_rms needs).
+template <typename T>
+inline void merged_row(const float* numerator, const float* p, float a, float b, int64_t h0, int64_t h1, float* y) {
+  const V16 va = vset(a), vb = vset(b);
+  for (int64_t h = h0; h < h1; h += kLanes) {
+    const int64_t n = std::min(kLanes, h1 - h);
+    const V16 mixed = n == kLanes ? vfma(vload(numerator + h), va, vmul(vload(p + h), vb))
+                                  : vfma(vload_partial(numerator + h, n), va, vmul(vload_partial(p + h, n), vb));
+    vstore(y + h, in_lane_layout<T>(mixed));
+  }
+}
+
 // max(a, b), NaN if either is NaN (as torch.maximum).
 inline double max_or_nan(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
@@ -87,7 +103,11 @@ void update_impl(const UpdateArgs& args, int max_threads) {
   T* h_out = static_cast<T*>(args.h);
   const bool stream = args.stream_stores && can_stream<T>(h_out, hidden);
   const HiddenTiles tiles = args.tiles;
+  const bool normed = args.output_weight != nullptr;
+  std::vector<float> gain(normed ? padded_hidden(hidden) : 0);  // [D_pad], the lane layout of T
+  if (normed) float_row_to_lane_layout<T>(args.output_weight, hidden, gain.data());
   parallel_tasks(args.used_core_num, max_threads, [&](int64_t core) {
+    std::vector<float> y(normed ? padded_hidden(hidden) : 0);  // this task's h row before its norm
     int64_t start, stop;
     core_range(core, args.former_core_num, args.former_core_tokens, args.tail_core_tokens, &start, &stop);
     for (int64_t t = start; t < stop; ++t) {
@@ -104,6 +124,19 @@ void update_impl(const UpdateArgs& args, int max_threads) {
       const double alpha = std::exp(prior - top), beta = std::exp(score - top);  // the same call on every path
       const double total = static_cast<double>(args.exp_sum[t]) * alpha + beta;
       const float a = static_cast<float>(alpha / total), b = static_cast<float>(beta / total);
+      if (normed) {
+        for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
+          merged_row<T>(args.numerator + row, args.partial_out + row, a, b, tiles.begin(tile), tiles.end(tile),
+                        y.data());
+        }
+        const float rho = inverse_rms(y.data(), hidden, padded_hidden(hidden), args.output_eps);
+        if (stream) {
+          store_normed_row<true>(y.data(), gain.data(), rho, hidden, h_out + row);
+        } else {
+          store_normed_row<false>(y.data(), gain.data(), rho, hidden, h_out + row);
+        }
+        continue;
+      }
       for (int64_t tile = 0; tile < tiles.h_tile_num; ++tile) {
         if (stream) {
           merged_read<true>(args.numerator + row, args.partial_out + row, a, b, tiles.begin(tile), tiles.end(tile),

@@ -237,3 +237,32 @@ def test_torchairs_own_ways_build_the_node_ours_does(which, way):
     assert theirs.op_types() == ours.op_types()
     [net_ours], [net_theirs] = ours.ops_of_type("NetOutput"), theirs.ops_of_type("NetOutput")
     assert list(net_theirs.input) == list(net_ours.input)
+
+
+def update_norm(partial, delta, queries, numerator, logit_max, exp_sum, weight):
+    return ATTNRES.block_attn_res_update_norm(partial, delta, queries, numerator, logit_max, exp_sum, weight, eps=EPS,
+                                              output_eps=2 * EPS)
+
+
+def test_update_norm_is_cann_update_then_rms_norm():
+    """CANN's GE has no BlockAttnResUpdateNorm: the update, then RmsNorm of its h. Meta inputs: the graph only
+    (the stand-in cannot run RmsNorm)."""
+    inputs = [*update_inputs("meta"), torch.empty(D, dtype=torch.bfloat16, device="meta")]
+    [graph] = capture(lambda: npu_compile(update_norm)(*inputs)).graphs
+    assert "BlockAttnResUpdateNorm" not in graph.op_types()
+    update_op, norm = only_op(graph, UPDATE.op_type), only_op(graph, "RmsNorm")
+    assert attr_values(update_op) == {"eps": pytest.approx(EPS)}
+    assert list(norm.input)[:2] == [f"{update_op.name}:1", "arg6_1:0"]  # h and the weight
+    assert attr_values(norm)["epsilon"] == pytest.approx(2 * EPS)
+    # partial_block's new value: the copy the update wrote in place (its reference input), which torchair reads
+    # through an Identity ordered after the converter's last node (the update is not that node: RmsNorm is).
+    [move], [identity], [net_output] = (graph.ops_of_type(kind) for kind in ("TensorMove", "Identity", "NetOutput"))
+    assert update_op.input[0] == f"{move.name}:0" and f"{move.name}:0" in identity.input
+    assert list(net_output.input) == [f"{norm.name}:0", f"{identity.name}:0"]
+
+
+def test_update_norm_with_a_weight_in_another_dtype_is_refused():
+    inputs = [*update_inputs("meta"), torch.empty(D, dtype=torch.float32, device="meta")]
+    with pytest.raises(Exception, match="BlockAttnResUpdateNorm under torchair: CANN's RmsNorm needs "
+                                        "output_norm_weight in delta's dtype"):
+        capture(lambda: npu_compile(update_norm)(*inputs))
