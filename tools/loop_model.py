@@ -89,13 +89,14 @@ def setup_cxx_flags() -> list[str]:
     raise RuntimeError(f"no CXX_FLAGS assignment in {SETUP_PY}")
 
 
-def compile_to_assembly(path: str, out_dir: Path, compiler: str = "g++") -> Path:
-    """op_kernel/csrc/isa_<path>.cpp as assembly, under out_dir; niced, one translation unit at a time."""
+def compile_to_assembly(path: str, out_dir: Path, compiler: str = "g++", defines: tuple[str, ...] = ()) -> Path:
+    """op_kernel/csrc/isa_<path>.cpp as assembly, under out_dir; niced, one translation unit at a time.
+    `defines`: macros defined on top of the build's flags (a test leaves the read's kernels out with one)."""
     source = CSRC / f"isa_{path}.cpp"
     if not source.exists():
         raise FileNotFoundError(f"{source} is missing: the loop model needs a source checkout of attnres-ge")
     target = out_dir / f"isa_{path}.s"
-    command = [compiler, *build_flags(), "-S", "-o", str(target), str(source)]
+    command = [compiler, *build_flags(), *(f"-D{name}" for name in defines), "-S", "-o", str(target), str(source)]
     if shutil.which("nice"):
         command = ["nice", *command]
     # GCC 12's -Wall warns about its own AVX-512 intrinsics (uninitialised __Y); the build sees those too.
