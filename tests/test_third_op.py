@@ -131,7 +131,7 @@ def add_the_toy_op(repository: Path) -> None:
 def build_native_kernels(repository: Path) -> None:
     """op_kernel/_native of the copy, from its sources with setup.py's flags but unoptimised (seconds, not minutes)
     and without the read's kernels (placeholders in their place: block_attn_res_read_args.h), which the script
-    never calls and which took a third of the build."""
+    never calls and which made the build about half again as long."""
     csrc, objects = repository / "op_kernel" / "csrc", repository / "build" / "native"
     objects.mkdir(parents=True)
     flags = ["-std=c++17", "-O0", "-fPIC", "-pthread", "-ffp-contract=off", "-DATTNRES_TEST_WITHOUT_READ_KERNELS",
