@@ -527,3 +527,39 @@ inline void store_normed_row(const float* y, const float* g, float rho, int64_t 
     }
   }
 }
+
+// out[q][h .. h + 16G) = sum_i weights[q][i] * rows[i][h .. h + 16G) for Q weight rows: one fused multiply-add
+// per row, rows in order (the same bits on every path). The rows are of T, loaded in its lane layout; the
+// sums are float rows in that layout. (The general read's mix of its sources, prepare's numerators.)
+template <int Q, int G, bool kStream, typename T>
+inline void weighted_row_sums(const T* const* rows, int64_t row_num, const float* const* weights, int64_t h,
+                              float* const* out) {
+  V16 acc[Q][G];
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[q][g] = vzero();
+  }
+  for (int64_t i = 0; i < row_num; ++i) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const V16 v = vload(rows[i] + h + g * kLanes);
+#pragma GCC unroll 8
+      for (int q = 0; q < Q; ++q) acc[q][g] = vfma(vset(weights[q][i]), v, acc[q][g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) store_groups<G, kStream>(out[q] + h, acc[q]);
+}
+
+// The same sums for the last, partial group of n < 16 elements, into acc[Q] (zero past n): the caller
+// stores them whole (a zero-padded row) or only their n elements.
+template <int Q, typename T>
+inline void weighted_row_sums_partial(const T* const* rows, int64_t row_num, const float* const* weights, int64_t h,
+                                      int64_t n, V16* acc) {
+  for (int q = 0; q < Q; ++q) acc[q] = vzero();
+  for (int64_t i = 0; i < row_num; ++i) {
+    const V16 v = vload_partial(rows[i] + h, n);
+    for (int q = 0; q < Q; ++q) acc[q] = vfma(vset(weights[q][i]), v, acc[q]);
+  }
+}

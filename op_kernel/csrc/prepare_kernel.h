@@ -142,50 +142,19 @@ inline void row_query_dots(const float* row0, int64_t row_stride, const PartQuer
   }
 }
 
-// numerator rows out[q][h .. h + 16G) = sum_n weights[q][n] * rows[n][...] for Q queries, rows in order.
-template <int Q, int G, bool kStream>
-inline void numerator_groups(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h,
-                             float* const* out) {
-  V16 acc[Q][G];
-#pragma GCC unroll 8
-  for (int q = 0; q < Q; ++q) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[q][g] = vzero();
-  }
-  for (int64_t n = 0; n < row_num; ++n) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const V16 v = vload(rows[n] + h + g * kLanes);
-#pragma GCC unroll 8
-      for (int q = 0; q < Q; ++q) acc[q][g] = vfma(vset(weights[q][n]), v, acc[q][g]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int q = 0; q < Q; ++q) store_groups<G, kStream>(out[q] + h, acc[q]);
-}
-
-// The same for the last, partial group of n < 16 elements.
-template <int Q>
-inline void numerator_partial(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h,
-                              int64_t n, float* const* out) {
-  V16 acc[Q];
-  for (int q = 0; q < Q; ++q) acc[q] = vzero();
-  for (int64_t i = 0; i < row_num; ++i) {
-    const V16 v = vload_partial(rows[i] + h, n);
-    for (int q = 0; q < Q; ++q) acc[q] = vfma(vset(weights[q][i]), v, acc[q]);
-  }
-  for (int q = 0; q < Q; ++q) vstore_partial(out[q] + h, acc[q], n);
-}
-
 // Pass 2 of Q queries over [h0, h1): steps of kPrepareSumGroups groups, single groups, the partial one.
 template <int Q, bool kStream>
 inline void numerator_tile(const float* const* rows, int64_t row_num, const float* const* weights, int64_t h0,
                            int64_t h1, float* const* out) {
   constexpr int64_t kStep = kPrepareSumGroups * kLanes;
   int64_t h = h0;
-  for (; h + kStep <= h1; h += kStep) numerator_groups<Q, kPrepareSumGroups, kStream>(rows, row_num, weights, h, out);
-  for (; h + kLanes <= h1; h += kLanes) numerator_groups<Q, 1, kStream>(rows, row_num, weights, h, out);
-  if (h < h1) numerator_partial<Q>(rows, row_num, weights, h, h1 - h, out);
+  for (; h + kStep <= h1; h += kStep) weighted_row_sums<Q, kPrepareSumGroups, kStream>(rows, row_num, weights, h, out);
+  for (; h + kLanes <= h1; h += kLanes) weighted_row_sums<Q, 1, kStream>(rows, row_num, weights, h, out);
+  if (h < h1) {
+    V16 acc[Q];
+    weighted_row_sums_partial<Q>(rows, row_num, weights, h, h1 - h, acc);
+    for (int q = 0; q < Q; ++q) vstore_partial(out[q] + h, acc[q], h1 - h);
+  }
 }
 
 // max of a row of logits, NaN if any is NaN (as torch.amax).

@@ -161,43 +161,6 @@ inline void token_lanes(const T* const* rows, int64_t row_num, const double* con
 // ---------------------------------------------------------------------------
 // The weighted sums y_s = sum_i c_{s,i} x_i (forward pass 2, backward pass 0).
 
-// Q queries' sums over G groups from h into their float rows y[q] (lane layout), rows in order.
-template <int Q, int G, typename T>
-inline void mix_groups(const T* const* rows, int64_t row_num, const float* const* c, int64_t h, float* const* y) {
-  V16 acc[Q][G];
-#pragma GCC unroll 8
-  for (int q = 0; q < Q; ++q) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[q][g] = vzero();
-  }
-  for (int64_t i = 0; i < row_num; ++i) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const V16 v = vload(rows[i] + h + g * kLanes);
-#pragma GCC unroll 8
-      for (int q = 0; q < Q; ++q) acc[q][g] = vfma(vset(c[q][i]), v, acc[q][g]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int q = 0; q < Q; ++q) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) vstore(y[q] + h + g * kLanes, acc[q][g]);
-  }
-}
-
-// The same for the last, partial group of n < 16 elements (its padding sums to zero).
-template <int Q, typename T>
-inline void mix_partial(const T* const* rows, int64_t row_num, const float* const* c, int64_t h, int64_t n,
-                        float* const* y) {
-  V16 acc[Q];
-  for (int q = 0; q < Q; ++q) acc[q] = vzero();
-  for (int64_t i = 0; i < row_num; ++i) {
-    const V16 v = vload_partial(rows[i] + h, n);
-    for (int q = 0; q < Q; ++q) acc[q] = vfma(vset(c[q][i]), v, acc[q]);
-  }
-  for (int q = 0; q < Q; ++q) vstore(y[q] + h, acc[q]);
-}
-
 // y_s for every query: c [S, L] coefficients, y [S, H_pad] float rows in the lane layout of T.
 template <typename T>
 inline void mix_rows(const T* const* rows, int64_t row_num, const float* c, int64_t query_num, int64_t hidden,
@@ -213,9 +176,15 @@ inline void mix_rows(const T* const* rows, int64_t row_num, const float* c, int6
     }
     constexpr int64_t kStep = kReadMixGroups * kLanes;
     int64_t h = 0;
-    for (; h + kStep <= hidden; h += kStep) mix_groups<kQ, kReadMixGroups>(rows, row_num, block_c, h, block_y);
-    for (; h + kLanes <= hidden; h += kLanes) mix_groups<kQ, 1>(rows, row_num, block_c, h, block_y);
-    if (h < hidden) mix_partial<kQ>(rows, row_num, block_c, h, hidden - h, block_y);
+    for (; h + kStep <= hidden; h += kStep) {
+      weighted_row_sums<kQ, kReadMixGroups, false>(rows, row_num, block_c, h, block_y);
+    }
+    for (; h + kLanes <= hidden; h += kLanes) weighted_row_sums<kQ, 1, false>(rows, row_num, block_c, h, block_y);
+    if (h < hidden) {  // the partial group stored whole: y's padding is zero, as inverse_rms needs
+      V16 acc[kQ];
+      weighted_row_sums_partial<kQ>(rows, row_num, block_c, h, hidden - h, acc);
+      for (int j = 0; j < kQ; ++j) vstore(block_y[j] + h, acc[j]);
+    }
   });
 }
 
