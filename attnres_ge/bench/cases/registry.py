@@ -20,7 +20,7 @@ BLOCK_READS = 8
 
 FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "per-layer": ("block_attention_residuals", "block_attention_residuals_backward"),
-    "two-phase": ("block_attn_res_prepare", "block_attn_res_update"),
+    "two-phase": ("block_attn_res_prepare", "block_attn_res_update", "block_attn_res_update_norm"),
     "block": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
     "stream": ("block_attention_residuals", "block_attn_res_prepare", "block_attn_res_update"),
     "read": ("block_attn_res_read",),
