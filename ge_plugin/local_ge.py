@@ -17,11 +17,12 @@ entry is built, through its GraphNode instead: the first call of each input sign
 checked and planned here as above, the plan's launch record and buffers then kept in C++
 (reused by the same rule) and repeats run without Python, on the same kernels.
 
-Tensor ops (ops.TENSOR_OPS: the general read, whose kernels take a list of tensors where they lie):
-a dynamic input binds its descs `sources0`, `sources1`, ... in order (GE's naming), a dynamic output
-one desc per tensor likewise; a run validates the fed tensors by the prototype and calls the op's
-TensorKernel, the very call its eager op makes, on the tensors as fed (no contiguous copy, as eager),
-so graph and eager agree bit for bit. Such a node runs in Python (no GraphNode: nothing is planned).
+Tensor ops (ops.TENSOR_OPS: the general read, whose kernels take a list of tensors where they lie, and
+the update with a fused norm): a dynamic input binds its descs `sources0`, `sources1`, ... in order (GE's
+naming), a dynamic output one desc per tensor likewise; a run validates the fed tensors by the prototype
+and calls the op's TensorKernel, the very call its eager op makes, on the tensors as fed (no contiguous
+copy, as eager; it writes a reference output into its fed input itself), so graph and eager agree bit for
+bit. Such a node runs in Python (no GraphNode: nothing is planned).
 
 Reference outputs (an output named as an input, e.g. BlockAttnResUpdate's partial_block): as in
 GE, the output is the input's memory. The kernel is given the input as that output, as the eager op
@@ -218,9 +219,12 @@ def _run_tensor_op(op: CompiledOp, args: list) -> list[torch.Tensor]:
     prototype = op.prototype
     try:
         attrs, metas = prototype.check(prototype.input_metas(args, WHERE_GRAPH), op.attrs, WHERE_GRAPH)
+        check_references_not_aliased(prototype, args, WHERE_GRAPH)
     except AttnResInputError as error:
         raise _node_error(op.op_def, error) from None
     outputs = op.kernel.run(args, attrs, metas, cpp_entry.empty_output)
+    for output_index, input_index in op.references:  # the kernel wrote them into the fed tensors
+        publish_reference_update(args[input_index], outputs[output_index])
     return [tensor for output in outputs for tensor in (output if isinstance(output, list) else [output])]
 
 
