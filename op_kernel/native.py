@@ -245,7 +245,7 @@ def read_forward(sources, query, key_norm_weight, output_norm_weight, out, inv_n
     tensors = [query, key_norm_weight, output_norm_weight, out, inv_norm, probs, output_inv_rms]
     _native.read_forward(_dtype_code(READ_OP, dtype), _read_shape(tokens, hidden, sources, query, output_norm_weight),
                          addresses, strides, [_optional_address(t) for t in tensors], (eps, output_eps, scale),
-                         bool(normalize_values), torch.get_num_threads())
+                         bool(normalize_values), torch.get_num_threads(), STREAM_MIN_BYTES)
 
 
 def read_backward(grad_out, sources, query, key_norm_weight, output_norm_weight, inv_norm, probs, output_inv_rms,

@@ -227,7 +227,7 @@ def test_same_bits_on_every_path_and_thread_count(dtype):
         torch.set_num_threads(saved_threads)
 
 
-STREAMED_OUTPUT_BYTES = 8 << 20  # read_kernel.h's kReadStreamMinBytes: larger outputs go by streaming stores
+STREAMED_OUTPUT_BYTES = native.STREAM_MIN_BYTES  # outputs of this size and more go by streaming stores
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

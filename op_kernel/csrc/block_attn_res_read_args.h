@@ -42,6 +42,7 @@ struct ReadShape {
 };
 
 struct ReadForwardArgs : ReadShape {
+  bool stream_stores;     // the output is large enough for streaming stores (aligned full groups only)
   void* out;              // [S, T, H] of dtype
   float* inv_norm;        // [T, L] or null
   float* probs;           // [S, T, L] or null

@@ -167,6 +167,7 @@ struct ReadCall {
   std::vector<void*> sources, tensors, grad_sources;
   std::vector<int64_t> strides;
   int max_threads = 1;
+  long long stream_min_bytes = 0;  // the forward's only
 
   // "" when the parsed sizes, lists and dtype agree, else what is wrong.
   std::string problem(size_t tensor_count, bool backward) const {
@@ -186,7 +187,8 @@ struct ReadCall {
 };
 
 // Parses (dtype_code, (T, H, L, S, W), sources, source_strides, tensors, [grad_sources,] (eps, output_eps,
-// scale), normalize_values, max_threads) into `call`; false with a Python error set.
+// scale), normalize_values, max_threads[, stream_min_bytes: the forward]) into `call`; false with a Python
+// error set.
 bool parse_read_call(PyObject* args, bool backward, size_t tensor_count, ReadCall* call) {
   int dtype_code, normalize_values;
   PyObject *sources, *strides, *tensors, *grad_sources = nullptr;
@@ -195,9 +197,9 @@ bool parse_read_call(PyObject* args, bool backward, size_t tensor_count, ReadCal
       backward ? PyArg_ParseTuple(args, "i(LLLLL)OOOO(fff)pi", &dtype_code, &s.tokens, &s.hidden, &s.rows,
                                   &s.queries, &s.weight_rows, &sources, &strides, &tensors, &grad_sources, &s.eps,
                                   &s.output_eps, &s.scale, &normalize_values, &call->max_threads)
-               : PyArg_ParseTuple(args, "i(LLLLL)OOO(fff)pi", &dtype_code, &s.tokens, &s.hidden, &s.rows,
+               : PyArg_ParseTuple(args, "i(LLLLL)OOO(fff)piL", &dtype_code, &s.tokens, &s.hidden, &s.rows,
                                   &s.queries, &s.weight_rows, &sources, &strides, &tensors, &s.eps, &s.output_eps,
-                                  &s.scale, &normalize_values, &call->max_threads);
+                                  &s.scale, &normalize_values, &call->max_threads, &call->stream_min_bytes);
   if (!parsed || !dtype_from_code(dtype_code, &s.dtype)) return false;
   s.normalize_values = normalize_values != 0;
   if (!addresses(sources, "sources must be a sequence of addresses", &call->sources) ||
@@ -217,13 +219,17 @@ bool parse_read_call(PyObject* args, bool backward, size_t tensor_count, ReadCal
 }
 
 // read_forward(dtype_code, (T, H, L, S, W), sources, source_strides, (query, key_weight, output_weight, out,
-// inv_norm, probs, output_inv_rms), (eps, output_eps, scale), normalize_values, max_threads): addresses,
-// 0 for an absent tensor.
+// inv_norm, probs, output_inv_rms), (eps, output_eps, scale), normalize_values, max_threads,
+// stream_min_bytes): addresses, 0 for an absent tensor; the output goes by streaming stores from
+// stream_min_bytes on, as make_launch's outputs do.
 PyObject* read_forward(PyObject*, PyObject* args) {
   ReadCall call;
   if (!parse_read_call(args, false, 7, &call)) return nullptr;
   attnres::ReadForwardArgs kernel_args{};
   static_cast<attnres::ReadShape&>(kernel_args) = call.shape;
+  const int64_t output_bytes = kernel_args.queries * kernel_args.tokens * kernel_args.hidden *
+                               attnres::dtype_bytes(kernel_args.dtype);
+  kernel_args.stream_stores = output_bytes >= call.stream_min_bytes;
   const std::vector<void*>& t = call.tensors;
   kernel_args.query = static_cast<const float*>(t[0]);
   kernel_args.key_weight = static_cast<const float*>(t[1]);

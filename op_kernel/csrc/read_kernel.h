@@ -241,14 +241,12 @@ inline float finish_output(const ReadShape& a, const ReadWeights<T>& weights, in
 }
 
 // Whether the forward writes its output by streaming stores: when it can (aligned rows) and the output
-// is far larger than the caches, where the usual stores would first read every line of it from memory
-// (a third more traffic at S = 3). The stores' values are the same: the same bits.
-constexpr int64_t kReadStreamMinBytes = int64_t{8} << 20;
-
+// is far larger than the caches (stream_stores: the bindings' threshold, the other ops' too), where the
+// usual stores would first read every line of it from memory (a third more traffic at S = 3). The
+// stores' values are the same: the same bits.
 template <typename T>
 inline bool stream_output(const ReadForwardArgs& a) {
-  const int64_t bytes = a.queries * a.tokens * a.hidden * static_cast<int64_t>(sizeof(T));
-  return bytes >= kReadStreamMinBytes && can_stream<T>(a.out, a.hidden);
+  return a.stream_stores && can_stream<T>(a.out, a.hidden);
 }
 
 // A forward task's scratch: per token [L] and [S, L] scalars, the lanes, and y [S, H_pad].
